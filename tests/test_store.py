@@ -1,11 +1,15 @@
-"""The run store on a real SQLite file: round trips, idempotence, resume, schema version, concurrency."""
+"""The run store on a real SQLite file and on a real PostgreSQL server (conftest.store_url): round
+trips, idempotence, resume, schema version and in-place upgrade, concurrent writers."""
 import math
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.orm import Session
 
 from milegpo_cli.errors import RunNotFound, StoreError
 from milegpo_cli.store import CandidateRecord, EpisodeRecord, RunStore, StepRecord
@@ -27,19 +31,19 @@ def batch(n=4, steps=3):
     return [episode(index=i, success=i % 2 == 0, steps=steps) for i in range(n)]
 
 
-def candidate(key="s1", distance=2.0):
+def candidate(key="s1", distance=2.0, progress_ok=0.75, branch_ok=None):
     return CandidateRecord(group="g0", key=key, kind="milestone", n_pos=2, n_neg=1, rho=0.4, distance=distance,
-                           progress_ok=True, branch_ok=None, credit=0.2)
+                           progress_ok=progress_ok, branch_ok=branch_ok, credit=0.2)
 
 
 @pytest.fixture
-def store(tmp_path):
-    with RunStore(f"sqlite:///{tmp_path / 'sub' / 'milegpo.db'}") as s:
+def store(store_url):
+    with RunStore(store_url) as s:
         yield s
 
 
-def test_sqlite_pragmas(store):
-    with store.engine.connect() as conn:
+def test_sqlite_pragmas(tmp_path):
+    with RunStore(tmp_path / "p.db") as store, store.engine.connect() as conn:
         assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert conn.execute(text("PRAGMA synchronous")).scalar() == 1  # NORMAL
         assert conn.execute(text("PRAGMA busy_timeout")).scalar() >= 10_000
@@ -72,7 +76,7 @@ def test_experiments(store):
 
 
 def test_missing_run_is_a_clear_error(store):
-    with pytest.raises(RunNotFound, match=r"run '42' not found in sqlite:///"):
+    with pytest.raises(RunNotFound, match=rf"run '42' not found in {re.escape(store.display_url)}"):
         store.get_run(42)
     with pytest.raises(RunNotFound, match="run 'ghost' not found"):
         store.get_run("ghost")
@@ -82,7 +86,8 @@ def test_missing_run_is_a_clear_error(store):
 
 def test_record_iteration_round_trip(store):
     rid = store.create_run("r", "milegpo")
-    store.record_iteration(rid, 1, {"loss": 0.5, "nan": float("nan")}, batch(4, 3), [candidate(), candidate("s9", math.inf)])
+    store.record_iteration(rid, 1, {"loss": 0.5, "nan": float("nan")}, batch(4, 3),
+                           [candidate(), candidate("s9", math.inf, progress_ok=float("nan"), branch_ok=True)])
     [it] = store.iterations(rid)
     assert it["metrics"] == {"loss": 0.5, "nan": None}
     assert (it["episodes"], it["success_rate"], it["mean_outcome"], it["mean_length"]) == (4, 0.5, 0.5, 3.0)
@@ -99,6 +104,7 @@ def test_record_iteration_round_trip(store):
     assert (first[2]["reward"], first[2]["advantage"], first[2]["branch"]) == (10.0, -1.5, -1)
     cands = store.candidates(rid, 1)
     assert [c["distance"] for c in cands] == [2.0, None]
+    assert [(c["progress_ok"], c["branch_ok"]) for c in cands] == [(0.75, None), (None, 1.0)]
     assert store.list_runs()[0]["iterations"] == 1
     assert store.list_runs()[0]["last_success_rate"] == 0.5
 
@@ -137,17 +143,29 @@ def test_delete_after_for_resume(store):
 def test_evaluations(store):
     rid = store.create_run("r", "milegpo")
     store.record_iteration(rid, 5, {}, batch(2))
-    e1 = store.record_evaluation(rid, "id", {"success": 0.5}, batch(4), iteration=5)
-    store.record_evaluation(rid, "id", {"success": 0.75}, batch(2), iteration=5)  # replaces e1
+    e1 = store.record_evaluation(rid, "id", {"success": 0.5}, batch(4), iteration=5, phase="train")
+    store.record_evaluation(rid, "id", {"success": 0.75}, batch(2), iteration=5, phase="train")  # replaces e1
     e3 = store.record_evaluation(rid, "ood", {"success": 0.25}, batch(4), iteration=5, checkpoint="ckpt/5")
     evs = store.evaluations(rid)
     assert [(e["split"], e["metrics"]["success"], e["episodes"]) for e in evs] == [("id", 0.75, 2), ("ood", 0.25, 4)]
+    assert [e["phase"] for e in evs] == ["train", None]
     assert evs[1]["success_rate"] == 0.5 and evs[1]["checkpoint"] == "ckpt/5"
     assert len(store.episodes(rid, evaluation_id=e3)) == 4
     assert len(store.episodes(rid)) == 2  # training episodes only
     assert evs[0]["id"] != e1  # a replaced evaluation's id is not reused
     assert store.episodes(rid, evaluation_id=e1) == []
     assert sum(len(store.episodes(rid, evaluation_id=e["id"])) for e in evs) == 6
+
+
+def test_evaluation_phases(store):
+    rid = store.create_run("r", "milegpo")
+    store.record_evaluation(rid, "id", {"success": 0.0}, batch(2), iteration=0, phase="untrained")
+    store.record_evaluation(rid, "id", {"success": 0.5}, batch(2), iteration=0, phase="warmstart")  # kept beside it
+    store.record_evaluation(rid, "id", {"success": 1.0}, batch(2), iteration=3, phase="train")
+    assert [(e["iteration"], e["phase"], e["metrics"]["success"]) for e in store.evaluations(rid)] == [
+        (0, "untrained", 0.0), (0, "warmstart", 0.5), (3, "train", 1.0)]
+    with pytest.raises(StoreError, match="phase: unknown 'later'"):
+        store.record_evaluation(rid, "id", {}, iteration=4, phase="later")
 
 
 def test_checkpoints_replace(store):
@@ -166,8 +184,8 @@ def test_reopen_keeps_data_and_plain_path_is_sqlite(tmp_path):
         assert s.get_run(rid)["algo"] == "grpo"
 
 
-def test_newer_schema_is_refused(tmp_path):
-    url = f"sqlite:///{tmp_path / 'new.db'}"
+def test_newer_schema_is_refused(store_url):
+    url = store_url
     with RunStore(url) as s:
         with s.engine.begin() as conn:
             conn.execute(text("UPDATE schema_version SET version = :v"), {"v": SCHEMA_VERSION + 1})
@@ -189,10 +207,10 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def test_concurrent_writers_lose_nothing(tmp_path):
-    url = f"sqlite:///{tmp_path / 'shared.db'}"
+def test_concurrent_writers_lose_nothing(store_url):
+    url = store_url
     iterations = 40
-    code = WRITER.format(tests=str(__import__("pathlib").Path(__file__).parent), url=url, iterations=iterations)
+    code = WRITER.format(tests=str(Path(__file__).parent), url=url, iterations=iterations)
     procs = [subprocess.Popen([sys.executable, "-c", code, f"w{k}"], stderr=subprocess.PIPE, text=True)
              for k in range(3)]
     errors = [p.communicate(timeout=120)[1] for p in procs]
@@ -205,3 +223,52 @@ def test_concurrent_writers_lose_nothing(tmp_path):
             assert len(s.episodes(r["id"])) == 4 * iterations
             assert len(s.steps(r["id"])) == 8 * iterations
             assert len(s.candidates(r["id"])) == iterations
+
+
+def write_v1_store(url: str) -> None:
+    """A store exactly as milegpo with schema version 1 wrote it (frozen models, tests/store_v1_models.py)."""
+    import store_v1_models as v1
+
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url)
+    v1.Base.metadata.create_all(engine)
+    with Session(engine) as s, s.begin():
+        s.add(v1.SchemaVersion(version=1))
+        run = v1.Run(name="old", algo="milegpo", config={"ppo": {"lr": 0.1}})
+        s.add(run)
+        s.flush()
+        s.add(v1.Iteration(run_id=run.id, iteration=1, metrics={"loss": 1.0}, episodes=1))
+        for it in (0, 1, None):
+            ev = v1.Evaluation(run_id=run.id, iteration=it, split="id", metrics={"success": 0.5}, episodes=1)
+            s.add(ev)
+            s.flush()
+            s.add(v1.Episode(run_id=run.id, iteration=it, evaluation_id=ev.id, task_id="t", split="id",
+                             task_type="pick", group="g", index=0, outcome=1.0, success=True, length=1))
+        for ok in (True, False, None):
+            s.add(v1.Candidate(run_id=run.id, iteration=1, group="g0", key=f"s{ok}", kind="milestone", n_pos=1,
+                               n_neg=0, rho=0.5, distance=1.0, progress_ok=ok, branch_ok=ok, credit=0.1))
+    engine.dispose()
+
+
+def test_v1_store_is_upgraded_in_place(store_url):
+    write_v1_store(store_url)
+    with RunStore(store_url) as s:
+        [run] = s.list_runs()
+        assert (run["name"], run["config"], run["iterations"]) == ("old", {"ppo": {"lr": 0.1}}, 1)
+        evs = s.evaluations(run["id"])
+        assert [(e["iteration"], e["phase"]) for e in evs] == [(0, "untrained"), (1, "train"), (None, None)]
+        assert [len(s.episodes(run["id"], evaluation_id=e["id"])) for e in evs] == [1, 1, 1]
+        cands = s.candidates(run["id"])
+        assert [(c["key"], c["progress_ok"], c["branch_ok"]) for c in cands] == [
+            ("sTrue", 1.0, 1.0), ("sFalse", 0.0, 0.0), ("sNone", None, None)]
+        with s.engine.connect() as conn:
+            cols = {c["name"]: c["type"] for c in inspect(conn).get_columns("candidates")}
+            versions = conn.execute(text("SELECT version FROM schema_version ORDER BY version")).scalars().all()
+        assert versions == [1, SCHEMA_VERSION]
+        assert "progress_ok_v1" not in cols and cols["progress_ok"].python_type is float
+        s.record_iteration(run["id"], 2, {}, batch(1), [candidate(progress_ok=0.5)])  # a v2 write
+        assert [c["progress_ok"] for c in s.candidates(run["id"], 2)] == [0.5]
+    with RunStore(store_url) as s:  # opening it again changes nothing
+        assert len(s.candidates(run["id"])) == 4
+        assert s.evaluations(run["id"])[0]["phase"] == "untrained"

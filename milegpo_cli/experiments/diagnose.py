@@ -205,12 +205,12 @@ def render_diagnosis(d: dict, fmt: str = "table"):
     t = RichTable(title=f"run {r['id']} ({r['name']}, {r['algo']}): milestones and traps, iteration {d['iteration']}")
     for c in ("task", "kind", "key", "n+", "n-", "rho", "d", "progress", "branch", "credit"):
         t.add_column(c)
-    yes = {True: "ok", False: "no", None: "-"}
+    share = lambda v: "-" if v is None else f"{v:.2f}"  # share of credited entries passing the gate
     for task, cs in sorted(d["candidates"].items()):
         for c in sorted(cs, key=lambda c: (c["kind"], -abs(c["rho"]))):
             t.add_row(task, c["kind"], c["key"][:40], str(c["n_pos"]), str(c["n_neg"]), f"{c['rho']:+.2f}",
-                      "inf" if c["distance"] is None else f"{c['distance']:.0f}", yes[c["progress_ok"]],
-                      yes[c["branch_ok"]], f"{c['credit']:+.3f}")
+                      "inf" if c["distance"] is None else f"{c['distance']:.0f}", share(c["progress_ok"]),
+                      share(c["branch_ok"]), f"{c['credit']:+.3f}")
     out.append(t)
     t = RichTable(title="candidates over training")
     for c in ("iteration", "milestones", "rho+", "progress ok", "branch ok", "traps", "rho-"):

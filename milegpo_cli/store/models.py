@@ -1,7 +1,8 @@
 """SQLAlchemy 2 ORM schema of the run store (DESIGN.md section 5).
 
-Bump :data:`SCHEMA_VERSION` with every change to these tables; a store written by a newer version
-is refused with a clear error (repo.py).
+Bump :data:`SCHEMA_VERSION` with every change to these tables and add the step that upgrades the
+previous version in place to migrations.py; a store written by a newer version is refused with a
+clear error (repo.py).
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, SmallInteger, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+EVALUATION_PHASES = ("untrained", "warmstart", "train")
 
 
 def _now() -> datetime:
@@ -82,6 +84,7 @@ class Evaluation(Base):
     iteration: Mapped[int | None]  # training iteration of the evaluated policy
     split: Mapped[str] = mapped_column(String(40))
     checkpoint: Mapped[str | None] = mapped_column(String(1000))
+    phase: Mapped[str | None] = mapped_column(String(20))  # one of EVALUATION_PHASES; None: not given
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
     episodes: Mapped[int] = mapped_column(default=0)
     success_rate: Mapped[float | None] = mapped_column(Float)
@@ -147,8 +150,8 @@ class Candidate(Base):
     n_neg: Mapped[int]
     rho: Mapped[float] = mapped_column(Float)
     distance: Mapped[float | None] = mapped_column(Float)  # None: SUCCESS unreachable
-    progress_ok: Mapped[bool | None] = mapped_column(Boolean)
-    branch_ok: Mapped[bool | None] = mapped_column(Boolean)
+    progress_ok: Mapped[float | None] = mapped_column(Float)  # share of credited entries passing the gate
+    branch_ok: Mapped[float | None] = mapped_column(Float)
     credit: Mapped[float] = mapped_column(Float)
 
 

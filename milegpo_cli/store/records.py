@@ -53,6 +53,6 @@ class CandidateRecord:
     n_neg: int
     rho: float
     distance: float | None  # d(v) steps to SUCCESS; None (or inf) when unreachable
-    progress_ok: bool | None
-    branch_ok: bool | None
+    progress_ok: float | None  # share in [0, 1] of the credited entries that pass the progress gate; None: n/a
+    branch_ok: float | None  # same for the same-state branch check
     credit: float

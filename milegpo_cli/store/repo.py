@@ -5,6 +5,9 @@ SQLite by default, any SQLAlchemy URL otherwise. Several processes may write one
 (notes/stack-facts.md): WAL journal, a busy timeout, ``synchronous=NORMAL``, and writes that take the
 write lock up front with ``BEGIN IMMEDIATE`` (a deferred transaction that reads then writes cannot
 upgrade its lock and fails at once), plus a small retry around each write transaction.
+PostgreSQL: opening takes a transaction-scoped advisory lock, so processes that open one fresh (or
+older) store at once create (or upgrade) its tables one after the other. An older store is upgraded
+in place on open (migrations.py).
 """
 from __future__ import annotations
 
@@ -14,19 +17,21 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, delete, event, func, inspect, insert, select, update
+from sqlalchemy import Engine, create_engine, delete, event, func, inspect, insert, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from envs.faults import fault_point
 from milegpo_cli.errors import RunNotFound, StoreError
-from milegpo_cli.store.models import (SCHEMA_VERSION, Base, Candidate, Checkpoint, Episode, Evaluation,
-                                      Experiment, Iteration, Run, SchemaVersion, Step)
+from milegpo_cli.store.migrations import upgrade
+from milegpo_cli.store.models import (EVALUATION_PHASES, SCHEMA_VERSION, Base, Candidate, Checkpoint, Episode,
+                                      Evaluation, Experiment, Iteration, Run, SchemaVersion, Step)
 from milegpo_cli.store.records import CandidateRecord, EpisodeRecord
 
 RUN_STATUSES = ("created", "running", "finished", "failed", "killed")
 BUSY_TIMEOUT_S = 60.0
+SCHEMA_LOCK_KEY = 0x6D696C65  # PostgreSQL advisory lock taken while opening a store ("mile")
 T = TypeVar("T")
 
 
@@ -91,6 +96,13 @@ def _optional_bool(value: Any) -> bool | None:
     return None if value is None else bool(value)
 
 
+def _share(value: Any) -> float | None:
+    """A share in [0, 1]; None (or NaN) when it does not apply."""
+    if value is None or not math.isfinite(float(value)):
+        return None
+    return float(value)
+
+
 def _step_rows(episode_id: int, episode: EpisodeRecord) -> list[dict[str, Any]]:
     return [{
         "episode_id": episode_id, "t": int(s.t), "state_key": s.state_key, "action": s.action,
@@ -106,8 +118,8 @@ def _candidate_row(run_id: int, iteration: int, c: CandidateRecord) -> dict[str,
     finite = c.distance is not None and math.isfinite(c.distance)
     return {"run_id": run_id, "iteration": iteration, "group": c.group, "key": c.key, "kind": c.kind,
             "n_pos": int(c.n_pos), "n_neg": int(c.n_neg), "rho": float(c.rho),
-            "distance": float(c.distance) if finite else None, "progress_ok": _optional_bool(c.progress_ok),
-            "branch_ok": _optional_bool(c.branch_ok), "credit": float(c.credit)}
+            "distance": float(c.distance) if finite else None, "progress_ok": _share(c.progress_ok),
+            "branch_ok": _share(c.branch_ok), "credit": float(c.credit)}
 
 
 def _rows(session: Session, model: type, *where, order: Iterable = ()) -> list[dict[str, Any]]:
@@ -165,6 +177,8 @@ class RunStore:
 
     def _init_schema(self, session: Session) -> None:
         conn = session.connection()
+        if conn.dialect.name == "postgresql":
+            session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
         version = None
         if inspect(conn).has_table(SchemaVersion.__tablename__):
             version = session.scalar(select(func.max(SchemaVersion.version)))
@@ -172,10 +186,9 @@ class RunStore:
             raise StoreError(f"store {self.display_url} has schema version {version}, newer than this milegpo "
                              f"supports ({SCHEMA_VERSION}): upgrade milegpo")
         if version is not None and version < SCHEMA_VERSION:
-            raise StoreError(f"store {self.display_url} has schema version {version}, older than {SCHEMA_VERSION} "
-                             f"and no migration exists: use a new --db")
+            upgrade(conn, version, SCHEMA_VERSION)
         Base.metadata.create_all(conn)
-        if version is None:
+        if version != SCHEMA_VERSION:
             session.execute(insert(SchemaVersion).values(version=SCHEMA_VERSION))
 
     def _run(self, session: Session, run_id: int) -> Run:
@@ -314,18 +327,23 @@ class RunStore:
 
     def record_evaluation(self, run_id: int, split: str, metrics: dict[str, Any],
                           episodes: Sequence[EpisodeRecord] = (), iteration: int | None = None,
-                          checkpoint: str | None = None) -> int:
+                          checkpoint: str | None = None, phase: str | None = None) -> int:
         """Store an evaluation and its episodes; replaces an earlier one of the same
-        (run, iteration, split, checkpoint). Returns its id."""
+        (run, iteration, split, checkpoint, phase). ``phase``: the policy evaluated, "untrained",
+        "warmstart" (after the warm start) or "train" (after training iterations). Returns its id."""
+        if phase is not None and phase not in EVALUATION_PHASES:
+            raise StoreError(f"phase: unknown {phase!r} (allowed: {', '.join(EVALUATION_PHASES)})")
+
+        def same(col, value):
+            return col.is_(None) if value is None else col == value
+
         def fn(s: Session) -> int:
             self._run(s, run_id)
-            same = select(Evaluation.id).where(
-                Evaluation.run_id == run_id, Evaluation.split == split,
-                Evaluation.iteration.is_(None) if iteration is None else Evaluation.iteration == iteration,
-                Evaluation.checkpoint.is_(None) if checkpoint is None else Evaluation.checkpoint == checkpoint)
-            self._delete_evaluations(s, same)
+            self._delete_evaluations(s, select(Evaluation.id).where(
+                Evaluation.run_id == run_id, Evaluation.split == split, same(Evaluation.iteration, iteration),
+                same(Evaluation.checkpoint, checkpoint), same(Evaluation.phase, phase)))
             summary = _summary(episodes)
-            ev = Evaluation(run_id=run_id, iteration=iteration, split=split, checkpoint=checkpoint,
+            ev = Evaluation(run_id=run_id, iteration=iteration, split=split, checkpoint=checkpoint, phase=phase,
                             metrics=_clean(metrics), episodes=summary["episodes"],
                             success_rate=summary["success_rate"], mean_outcome=summary["mean_outcome"])
             s.add(ev)

@@ -1,0 +1,34 @@
+"""In-place upgrades of an older run store, run by ``RunStore`` when it opens one (DESIGN.md section 5).
+
+``MIGRATIONS[v]`` turns a version-``v`` store into version ``v + 1``. Each step is plain SQL that
+SQLite (3.35 or newer: ``DROP COLUMN``) and PostgreSQL both run, inside the store's open
+transaction, so an upgrade either completes or leaves the store untouched; no row is lost.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import Connection, text
+
+
+def _v1_to_v2(conn: Connection) -> None:
+    """``evaluations.phase`` (iteration 0 -> "untrained", other iterations -> "train"); candidate
+    ``progress_ok`` / ``branch_ok`` become shares in [0, 1] (a v1 yes/no becomes 1.0 / 0.0)."""
+    conn.execute(text("ALTER TABLE evaluations ADD COLUMN phase VARCHAR(20)"))
+    conn.execute(text("UPDATE evaluations SET phase = CASE WHEN iteration = 0 THEN 'untrained' ELSE 'train' END "
+                      "WHERE iteration IS NOT NULL"))
+    for col in ("progress_ok", "branch_ok"):
+        conn.execute(text(f"ALTER TABLE candidates RENAME COLUMN {col} TO {col}_v1"))
+        conn.execute(text(f"ALTER TABLE candidates ADD COLUMN {col} FLOAT"))
+        conn.execute(text(f"UPDATE candidates SET {col} = CASE WHEN {col}_v1 IS NULL THEN NULL "
+                          f"WHEN {col}_v1 THEN 1.0 ELSE 0.0 END"))
+        conn.execute(text(f"ALTER TABLE candidates DROP COLUMN {col}_v1"))
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2}
+
+
+def upgrade(conn: Connection, version: int, target: int) -> None:
+    """Apply every step from ``version`` up to ``target``."""
+    for v in range(version, target):
+        MIGRATIONS[v](conn)
