@@ -78,8 +78,13 @@ class EnvSuite(ABC):
     max_steps: int
 
     @abstractmethod
-    def tasks(self, split: str, n: int, seed: int = 0) -> list[Task]:
-        """A fixed, reproducible list of n tasks of a split (same seed, same list)."""
+    def tasks(self, split: str, n: int, seed: int = 0, *, start: int = 0) -> list[Task]:
+        """A fixed, reproducible list of n tasks of a split (same seed, same list): the split's tasks
+        start..start+n-1 in an order fixed by ``seed``, so that disjoint ranges give disjoint tasks."""
+
+    @abstractmethod
+    def split_size(self, split: str) -> int:
+        """How many tasks ``tasks(split, ...)`` can draw from (start + n <= split_size)."""
 
     @abstractmethod
     def make_vector_env(self, num_envs: int, *, oracle: bool = False) -> VectorEnv:

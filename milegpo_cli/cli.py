@@ -2,7 +2,9 @@
 
 User errors (bad recipe or override, unknown run, malformed rollouts, environment input) are
 printed as one red line on stderr with exit code 2. Engines built elsewhere are imported inside
-the commands, so ``milegpo --help`` and ``milegpo runs`` start fast.
+the commands, so ``milegpo --help`` and ``milegpo runs`` start fast. With ``--json`` a command
+prints one JSON document on stdout and nothing else there (docs/cli.md). Help is plain text
+(``rich_markup_mode=None``): option metavars as written here, every default shown.
 """
 from __future__ import annotations
 
@@ -14,9 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
 import typer
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
 from envs.base import EnvError
 from milegpo_cli.config import Config, credit_overrides, default_db_url, default_tracking_uri, load_config
@@ -24,11 +24,15 @@ from milegpo_cli.errors import MilegpoError
 
 app = typer.Typer(help="MileGPO / GiGPO / GRPO experiments on ALFWorld and WebShop: train, evaluate, "
                        "analyse; runs stored in SQLite and MLflow.",
-                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
-runs_app = typer.Typer(help="List runs, or show one (`runs show RUN`).", invoke_without_command=True)
-envs_app = typer.Typer(help="Environment data: generate ALFWorld games.", no_args_is_help=True)
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False, rich_markup_mode=None)
+runs_app = typer.Typer(help="List runs, or show one (`runs show RUN`).", invoke_without_command=True,
+                       rich_markup_mode=None)
+envs_app = typer.Typer(help="Environment data: generate ALFWorld games.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(runs_app, name="runs")
 app.add_typer(envs_app, name="envs")
+policy_app = typer.Typer(help="Starting policies: build the cached base policy.", no_args_is_help=True,
+                         rich_markup_mode=None)
+app.add_typer(policy_app, name="policy")
 console = Console()
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -61,22 +65,38 @@ def _engine(module: str, name: str) -> Callable:
 
 
 # --- shared options ------------------------------------------------------------------------------
-RecipeOpt = Annotated[str, typer.Option("--recipe", "-r", help="Recipe name in recipes/ or a path to a TOML file.")]
+RecipeOpt = Annotated[str, typer.Option("--recipe", "-r", metavar="NAME|PATH",
+                                        help="Recipe name in recipes/ or a path to a TOML file.")]
 SetOpt = Annotated[Optional[list[str]], typer.Option(
-    "--set", "-s", metavar="SECTION.KEY=VALUE", help="Override a recipe key (TOML value, else a string); repeatable.")]
-AlgoOpt = Annotated[Optional[str], typer.Option("--algo", help="Credit estimator: grpo, gigpo, graphgpo, milegpo.")]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Run seed (run.seed).")]
-ModelOpt = Annotated[Optional[str], typer.Option("--model", help="'tiny', a Hugging Face name or a local folder.")]
-ItersOpt = Annotated[Optional[int], typer.Option("--iterations", help="Training iterations (run.iterations).")]
+    "--set", "-s", metavar="SECTION.KEY=VALUE", help="Override a recipe key (TOML value, else a string); repeatable [default: none].")]
+AlgoOpt = Annotated[Optional[str], typer.Option(
+    "--algo", metavar="ALGO", help="Credit estimator: grpo, gigpo, graphgpo, milegpo [default: the recipe's run.algo].")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", metavar="INT", help="Run seed [default: the recipe's run.seed].")]
+ModelOpt = Annotated[Optional[str], typer.Option(
+    "--model", metavar="MODEL", help="'tiny', a Hugging Face name or a local folder [default: the recipe's policy.model].")]
+ItersOpt = Annotated[Optional[int], typer.Option(
+    "--iterations", metavar="N", help="Training iterations [default: the recipe's run.iterations].")]
 DropOpt = Annotated[Optional[list[str]], typer.Option(
-    "--drop", help="Ablate a MileGPO component: reliability, progress, same-state, traps, milestones; repeatable.")]
+    "--drop", metavar="COMPONENT", help="Ablate a MileGPO component: reliability, progress, same-state, traps, "
+                                        "milestones; repeatable [default: none].")]
 DbOpt = Annotated[Optional[str], typer.Option(
-    "--db", envvar="MILEGPO_DB", help="SQLAlchemy URL or SQLite path of the run store [default: <runs-dir>/milegpo.db].")]
+    "--db", envvar="MILEGPO_DB", metavar="URL",
+    help="SQLAlchemy URL or SQLite path of the run store [default: <runs-dir>/milegpo.db].")]
 MlflowOpt = Annotated[Optional[str], typer.Option(
-    "--mlflow-uri", envvar="MILEGPO_MLFLOW_URI", help="MLflow tracking URI [default: sqlite:///<runs-dir>/mlflow.db].")]
+    "--mlflow-uri", envvar="MILEGPO_MLFLOW_URI", metavar="URI",
+    help="MLflow tracking URI [default: sqlite:///<runs-dir>/mlflow.db].")]
 RunsDirOpt = Annotated[Optional[Path], typer.Option(
-    "--runs-dir", envvar="MILEGPO_RUNS_DIR", help="Run directory (store.root) [default: runs].")]
-RunArg = Annotated[str, typer.Argument(help="Run id or name.", metavar="RUN")]
+    "--runs-dir", envvar="MILEGPO_RUNS_DIR", metavar="DIR", help="Run directory (store.root) [default: runs].")]
+RunArg = Annotated[str, typer.Argument(metavar="RUN", hidden=True)]  # hidden: described in the docstring
+JsonOpt = Annotated[bool, typer.Option(
+    "--json", help="Print one JSON document on stdout and nothing else there (docs/cli.md).")]
+
+
+def _print_json(doc: Any) -> None:
+    """One JSON document on stdout (strict: NaN / inf are null)."""
+    from milegpo_cli.experiments.runs import dumps
+
+    sys.stdout.write(dumps(doc) + "\n")
 
 
 def _config(recipe: str, sets: list[str] | None, algo: str | None = None, seed: int | None = None,
@@ -99,6 +119,13 @@ def _store(db: str | None, runs_dir: Path | None):
     return RunStore(db or default_db_url(runs_dir or "runs"))
 
 
+def _json_format(fmt: str, as_json: bool) -> str:
+    """--json is --format json; with another --format it is a usage error."""
+    if as_json and fmt not in ("table", "json"):
+        raise _fail(f"--json and --format {fmt} exclude each other", 2)
+    return "json" if as_json else fmt
+
+
 # --- training and evaluation ---------------------------------------------------------------------
 @app.command()
 @_command
@@ -106,8 +133,12 @@ def train(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, algo: AlgoOpt = N
           model: ModelOpt = None, iterations: ItersOpt = None, drop: DropOpt = None, db: DbOpt = None,
           mlflow_uri: MlflowOpt = None, runs_dir: RunsDirOpt = None,
           resume: Annotated[Optional[str], typer.Option("--resume", metavar="RUN",
-                            help="Continue RUN from its last checkpoint (its stored config is used).")] = None) -> None:
-    """Train a policy with the recipe's estimator; every iteration goes to the store and MLflow."""
+                            help="Continue RUN from its last checkpoint (its stored config is used) "
+                                 "[default: start a new run].")] = None) -> None:
+    """Train a policy with the recipe's credit estimator.
+
+    Every iteration goes to the store and MLflow; `milegpo runs show RUN` prints them.
+    """
     if resume is None:
         config = _config(recipe, sets, algo, seed, model, iterations, drop, db, mlflow_uri, runs_dir)
         store, resume_id = _store(config.store.db, runs_dir), None
@@ -123,13 +154,14 @@ def train(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, algo: AlgoOpt = N
 
 @app.command()
 @_command
-def rollout(run: Annotated[str, typer.Option("--run", help="Run id or name.")],
-            split: Annotated[str, typer.Option("--split", help="Task split: id, ood (or train).")] = "id",
-            episodes: Annotated[int, typer.Option("--episodes", "-n", min=1, help="Episodes to play.")] = 16,
+def rollout(run: Annotated[str, typer.Option("--run", metavar="RUN", help="Run id or name.")],
+            split: Annotated[str, typer.Option("--split", metavar="SPLIT", help="Task split: id, ood (or train).")] = "id",
+            episodes: Annotated[int, typer.Option("--episodes", "-n", min=1, metavar="N", help="Episodes to play.")] = 16,
             checkpoint: Annotated[Optional[int], typer.Option(
-                "--checkpoint", help="Iteration of the checkpoint [default: the latest].")] = None,
+                "--checkpoint", metavar="ITERATION", help="Iteration of the checkpoint [default: the latest].")] = None,
             record: Annotated[Optional[Path], typer.Option(
-                "--record", help="Also write the rollouts as JSON Lines (docs/rollouts.md).")] = None,
+                "--record", metavar="FILE",
+                help="Also write the rollouts as JSON Lines (docs/rollouts.md) [default: not written].")] = None,
             db: DbOpt = None, runs_dir: RunsDirOpt = None) -> None:
     """Evaluate a trained policy on a split and store the evaluation."""
     store = _store(db, runs_dir)
@@ -140,18 +172,31 @@ def rollout(run: Annotated[str, typer.Option("--run", help="Run id or name.")],
 
 @app.command()
 @_command
-def credit(input_path: Annotated[Path, typer.Argument(help="Rollouts, JSON Lines (docs/rollouts.md).", metavar="INPUT",
-                                                      exists=True, dir_okay=False)],
-           output: Annotated[Path, typer.Option("--output", "-o", help="Per-step advantages, JSON Lines.")],
-           algo: Annotated[str, typer.Option("--algo", help="grpo, gigpo, graphgpo or milegpo.")] = "milegpo",
+def credit(input_arg: Annotated[Optional[Path], typer.Argument(
+               metavar="INPUT", exists=True, dir_okay=False, hidden=True)] = None,
+           input_opt: Annotated[Optional[Path], typer.Option(
+               "--input", "-i", metavar="FILE", exists=True, dir_okay=False,
+               help="Rollouts, JSON Lines (docs/rollouts.md); the same as INPUT.")] = None,
+           output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE", help="Per-step advantages, JSON Lines.")] = ...,
+           algo: Annotated[str, typer.Option("--algo", metavar="ALGO", help="grpo, gigpo, graphgpo or milegpo.")] = "milegpo",
            drop: DropOpt = None,
            sets: Annotated[Optional[list[str]], typer.Option(
-               "--set", "-s", metavar="[credit.]KEY=VALUE", help="Override a [credit] key; repeatable.")] = None,
+               "--set", "-s", metavar="[credit.]KEY=VALUE",
+               help="Override a credit setting (milegpo_cli/credit/config.py); repeatable [default: none].")] = None,
            milestones: Annotated[Optional[Path], typer.Option(
-               "--milestones", help="Also write the milestone / trap sets, JSON Lines.")] = None) -> None:
-    """Compute an estimator's advantages for rollouts that came from elsewhere."""
+               "--milestones", metavar="FILE",
+               help="Also write the milestone / trap sets, one JSON document (docs/rollouts.md) "
+                    "[default: not written].")] = None) -> None:
+    """Advantages of any estimator for rollouts from elsewhere.
+
+    INPUT (or --input FILE): the rollouts, JSON Lines (docs/rollouts.md).
+    """
+    if (input_arg is None) == (input_opt is None):
+        raise _fail("credit: give the rollouts file once, as INPUT or as --input FILE", 2)
     run_credit_file = _engine("milegpo_cli.interchange", "run_credit_file")
-    summary = run_credit_file(input_path, output, algo, drop or [], credit_overrides(sets or []), milestones)
+    summary = run_credit_file(input_arg or input_opt, output, algo, drop or [], credit_overrides(sets or []), milestones)
+    for warning in summary.pop("warnings", ()):
+        typer.secho(f"warning: {warning}", fg="yellow", err=True)
     console.print(summary)
 
 
@@ -159,14 +204,19 @@ def credit(input_path: Annotated[Path, typer.Argument(help="Rollouts, JSON Lines
 @app.command()
 @_command
 def ablate(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, drop: DropOpt = None,
-           seeds: Annotated[int, typer.Option("--seeds", min=1, help="Seeds per member (0..N-1).")] = 3,
+           seeds: Annotated[int, typer.Option("--seeds", min=1, metavar="N", help="Seeds per member (0..N-1).")] = 3,
            algo: AlgoOpt = None, model: ModelOpt = None, iterations: ItersOpt = None, db: DbOpt = None,
            mlflow_uri: MlflowOpt = None, runs_dir: RunsDirOpt = None,
            baselines: Annotated[Optional[list[str]], typer.Option(
-               "--baseline", help="Baseline algorithm trained as extra members (repeatable): grpo, gigpo, graphgpo.")] = None,
-           parallel: Annotated[int, typer.Option("--parallel", min=1,
+               "--baseline", metavar="ALGO",
+               help="Baseline algorithm trained as extra members (repeatable): grpo, gigpo, graphgpo [default: none].")] = None,
+           parallel: Annotated[int, typer.Option("--parallel", min=1, metavar="N",
                                help="Members trained at once, each in its own process.")] = 1) -> None:
-    """Run the full method, each --drop ablation and each --baseline over seeds as one resumable experiment."""
+    """Ablate MileGPO components over seeds, as one experiment.
+
+    Trains the full method, each --drop ablation and each --baseline over seeds; rerun the same
+    command to resume it.
+    """
     config = _config(recipe, sets, algo, None, model, iterations, None, db, mlflow_uri, runs_dir)
     _engine_data(config.store.root)
     run_ablate = _engine("milegpo_cli.experiments.ablate", "run_ablate")
@@ -177,85 +227,95 @@ def ablate(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, drop: DropOpt = 
 @app.command()
 @_command
 def diagnose(run: RunArg,
-             iteration: Annotated[Optional[int], typer.Option("--iteration", help="Iteration [default: the last].")] = None,
-             fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
-             out: Annotated[Optional[Path], typer.Option("--out", help="Folder for plots [default: the run's].")] = None,
+             iteration: Annotated[Optional[int], typer.Option(
+                 "--iteration", metavar="K",
+                 help="Iteration of the candidates; also restricts the credit diagnostics to it "
+                      "[default: candidates of the last, diagnostics over all].")] = None,
+             fmt: Annotated[str, typer.Option("--format", metavar="table|json", help="Output format.")] = "table",
+             as_json: JsonOpt = False,
+             out: Annotated[Optional[Path], typer.Option(
+                 "--out", metavar="DIR", help="Folder for plots [default: <runs-dir>/diagnose/run<ID>].")] = None,
              db: DbOpt = None, runs_dir: RunsDirOpt = None) -> None:
-    """Milestones, traps and credit diagnostics (AUC vs oracle labels) of a stored run."""
+    """Milestones, traps and credit diagnostics of a stored run.
+
+    RUN: a run id or name. Credit diagnostics: ROC-AUC, sign accuracy and milestone precision /
+    recall of the advantages against the oracle labels.
+    """
     run_diagnose = _engine("milegpo_cli.experiments.diagnose", "run_diagnose")
-    run_diagnose(_store(db, runs_dir), run, iteration, fmt, out, console)
+    run_diagnose(_store(db, runs_dir), run, iteration, _json_format(fmt, as_json), out, console)
 
 
 @app.command()
 @_command
-def compare(refs: Annotated[list[str], typer.Argument(help="Run or experiment ids / names.", metavar="RUN...")],
-            out: Annotated[Optional[Path], typer.Option("--out", help="Folder for learning-curve plots.")] = None,
-            db: DbOpt = None, runs_dir: RunsDirOpt = None) -> None:
-    """Side-by-side table and learning curves of runs or experiments."""
+def compare(refs: Annotated[list[str], typer.Argument(metavar="RUN...", hidden=True)],
+            out: Annotated[Optional[Path], typer.Option(
+                "--out", metavar="DIR", help="Folder for learning-curve plots [default: <runs-dir>/compare].")] = None,
+            as_json: JsonOpt = False, db: DbOpt = None, runs_dir: RunsDirOpt = None) -> None:
+    """Side-by-side table and learning curves of runs or experiments.
+
+    RUN...: run ids or names, or experiments (exp:<id|name>, or a name that is no run).
+    """
     run_compare = _engine("milegpo_cli.experiments.compare", "run_compare")
-    run_compare(_store(db, runs_dir), refs, out, console)
+    run_compare(_store(db, runs_dir), refs, out, console, fmt=_json_format("table", as_json))
 
 
 @app.command()
 @_command
-def report(experiment: Annotated[Optional[str], typer.Option("--experiment", help="Experiment id or name [default: all runs].")] = None,
-           by: Annotated[str, typer.Option("--by", help="Group runs by algo or drop.")] = "algo",
-           fmt: Annotated[str, typer.Option("--format", help="table, md, csv, json or html.")] = "table",
-           baseline: Annotated[Optional[str], typer.Option("--baseline", help="Method for probability of improvement.")] = None,
-           out: Annotated[Optional[Path], typer.Option("--out", help="Folder for plots.")] = None,
+def report(experiment: Annotated[Optional[str], typer.Option(
+               "--experiment", metavar="EXPERIMENT", help="Experiment id or name [default: all runs].")] = None,
+           by: Annotated[str, typer.Option("--by", metavar="algo|drop", help="Group runs by algo or drop.")] = "algo",
+           fmt: Annotated[str, typer.Option("--format", metavar="table|md|csv|json|html", help="Output format.")] = "table",
+           as_json: JsonOpt = False,
+           baseline: Annotated[Optional[str], typer.Option(
+               "--baseline", metavar="METHOD",
+               help="Method for probability of improvement [default: gigpo, else grpo; full with --by drop].")] = None,
+           out: Annotated[Optional[Path], typer.Option(
+               "--out", metavar="DIR", help="Folder for plots [default: <runs-dir>/report/<experiment id or all>].")] = None,
            db: DbOpt = None, runs_dir: RunsDirOpt = None) -> None:
-    """Seed and variance tables: mean, std, 95% CI, IQM, ID/OOD gap, probability of improvement."""
+    """Seed and variance tables of the runs of an experiment.
+
+    Per method and split: success over the final evaluation's episodes, mean ± std over seeds with
+    a 95% CI; IQM, ID-to-OOD gap and probability of improvement over a baseline.
+    """
     run_report = _engine("milegpo_cli.experiments.report", "run_report")
-    run_report(_store(db, runs_dir), experiment, by, fmt, baseline, out, console)
+    run_report(_store(db, runs_dir), experiment, by, _json_format(fmt, as_json), baseline, out, console)
 
 
 # --- runs, ui, envs ------------------------------------------------------------------------------
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
-
-
 @runs_app.callback()
 @_command
-def runs_list(ctx: typer.Context, db: DbOpt = None, runs_dir: RunsDirOpt = None) -> None:
+def runs_list(ctx: typer.Context, as_json: JsonOpt = False, db: DbOpt = None, runs_dir: RunsDirOpt = None) -> None:
     """List the runs of the store."""
     if ctx.invoked_subcommand is not None:
         return
-    table = Table("id", "name", "algo", "seed", "drop", "status", "iters", "success", "created", title="runs",
-                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for r in _store(db, runs_dir).list_runs():
-        table.add_row(str(r["id"]), r["name"], r["algo"], str(r["seed"]), ",".join(r["drop"]) or "-", r["status"],
-                      str(r["iterations"]), _pct(r["last_success_rate"]), f"{r['created_at']:%m-%d %H:%M}")
-    console.print(table)
+    from milegpo_cli.experiments.runs import list_doc, list_table
+
+    doc = list_doc(_store(db, runs_dir))
+    _print_json(doc) if as_json else console.print(list_table(doc))
 
 
 @runs_app.command("show")
 @_command
-def runs_show(run: RunArg, db: DbOpt = None, runs_dir: RunsDirOpt = None) -> None:
-    """Show a run: its fields, iterations and evaluations."""
-    store = _store(db, runs_dir)
-    r = store.get_run(run)
-    head = Table(show_header=False, title=f"run {r['id']}")
-    for key in ("name", "recipe", "algo", "seed", "drop", "status", "experiment_id", "mlflow_run_id",
-                "git_commit", "created_at", "updated_at"):
-        head.add_row(key, ", ".join(r[key]) if key == "drop" else str(r[key]))
-    console.print(head)
-    its = Table("iteration", "episodes", "success", "outcome", "length", "invalid", title="iterations")
-    for it in store.iterations(r["id"]):
-        its.add_row(str(it["iteration"]), str(it["episodes"]), _pct(it["success_rate"]),
-                    "-" if it["mean_outcome"] is None else f"{it['mean_outcome']:.3f}",
-                    "-" if it["mean_length"] is None else f"{it['mean_length']:.1f}", _pct(it["invalid_rate"]))
-    console.print(its)
-    evs = Table("iteration", "split", "episodes", "success", "outcome", "checkpoint", title="evaluations")
-    for ev in store.evaluations(r["id"]):
-        evs.add_row(str(ev["iteration"]), ev["split"], str(ev["episodes"]), _pct(ev["success_rate"]),
-                    "-" if ev["mean_outcome"] is None else f"{ev['mean_outcome']:.3f}", str(ev["checkpoint"] or "-"))
-    console.print(evs)
+def runs_show(run: RunArg, as_json: JsonOpt = False, db: DbOpt = None, runs_dir: RunsDirOpt = None) -> None:
+    """Show a run: its fields, iterations and evaluations.
+
+    RUN: a run id or name. Evaluation success has a Wilson 95% interval over its episodes.
+    """
+    from milegpo_cli.experiments.runs import show_doc, show_tables
+
+    doc = show_doc(_store(db, runs_dir), run)
+    if as_json:
+        _print_json(doc)
+        return
+    for table in show_tables(doc):
+        console.print(table)
 
 
 @app.command()
 @_command
-def ui(host: Annotated[str, typer.Option("--host", help="Address to bind; 0.0.0.0 exposes it to the network.")] = "127.0.0.1",
-       port: Annotated[int, typer.Option("--port", help="Port.")] = 5000,
+def ui(host: Annotated[str, typer.Option("--host", metavar="HOST",
+                                         help="Address to bind; 0.0.0.0 exposes it to the network.")] = "127.0.0.1",
+       port: Annotated[int, typer.Option("--port", metavar="PORT", help="Port.")] = 5000,
        mlflow_uri: MlflowOpt = None, runs_dir: RunsDirOpt = None) -> None:
     """Start the MLflow UI on the project's tracking store."""
     uri = mlflow_uri or default_tracking_uri(runs_dir or "runs")
@@ -269,10 +329,11 @@ def ui(host: Annotated[str, typer.Option("--host", help="Address to bind; 0.0.0.
 
 @envs_app.command("generate")
 @_command
-def envs_generate(env: Annotated[str, typer.Option("--env", help="Environment (alfworld).")] = "alfworld",
-                  split: Annotated[str, typer.Option("--split", help="train, id or ood.")] = "train",
-                  n: Annotated[int, typer.Option("-n", min=1, help="Number of games.")] = 100,
-                  recipe: Annotated[Optional[str], typer.Option("--recipe", "-r", help="Recipe [default: --env].")] = None,
+def envs_generate(env: Annotated[str, typer.Option("--env", metavar="ENV", help="Environment (alfworld).")] = "alfworld",
+                  split: Annotated[str, typer.Option("--split", metavar="SPLIT", help="train, id or ood.")] = "train",
+                  n: Annotated[int, typer.Option("-n", min=1, metavar="N", help="Number of games.")] = 100,
+                  recipe: Annotated[Optional[str], typer.Option(
+                      "--recipe", "-r", metavar="NAME|PATH", help="Recipe [default: the --env name].")] = None,
                   sets: SetOpt = None) -> None:
     """Generate ALFWorld games (PDDL + traj_data) of a split with the real engine's assets."""
     if env != "alfworld":
@@ -286,6 +347,19 @@ def envs_generate(env: Annotated[str, typer.Option("--env", help="Environment (a
         task = bar.add_task(f"alfworld {split}", total=n)
         result = generate_games(config.env.alfworld, split, n, lambda done, total: bar.update(task, completed=done))
     console.print(f"generated {len(result) if hasattr(result, '__len__') else n} games ({split})")
+
+
+@policy_app.command("build-base")
+@_command
+def policy_build_base(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, runs_dir: RunsDirOpt = None) -> None:
+    """Build (once) the recipe's cached base policy.
+
+    The base policy is the supervised starting point of PPO (recipe section [base]).
+    """
+    config = _config(recipe, sets, runs_dir=runs_dir)
+    _engine_data(config.store.root)
+    folder, metrics = _engine("milegpo_cli.trainer.base_policy", "build_for_recipe")(config, console.print)
+    console.print(f"base policy {folder}: " + "  ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
 
 
 def main() -> None:

@@ -110,7 +110,7 @@ class RolloutConfig:
     groups: int = 4  # tasks per iteration
     group_size: int = 8  # rollouts per task (N)
     success_reward: float = 10.0  # reward of the winning step (verl-agent: 10 x success)
-    train_tasks: int = 64  # training task pool: the first train_tasks tasks of the train split
+    train_tasks: int = 64  # PPO task pool: a block of the train split's PPO range chosen by the seed (trainer/task_pools.py)
 
     def __post_init__(self) -> None:
         _positive(self, "groups", "group_size", "train_tasks")
@@ -132,10 +132,14 @@ class PPOConfig:
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     max_bad_updates: int = 3  # consecutive updates skipped for NaN/inf before training stops
+    target_kl: float = 0.0  # stop the update when a minibatch's approx_kl exceeds 1.5 x target_kl (SB3); 0 = off
+    advantage_norm: Literal["none", "scale", "whiten"] = "none"  # batch: /std (zeros stay 0) or (A - mean)/std
+    loss_agg: Literal["token-mean", "sequence-mean", "episode-mean"] = "token-mean"  # weight of a token in the loss
 
     def __post_init__(self) -> None:
         _positive(self, "epochs", "minibatch_size", "max_bad_updates")
         _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        _check(self.target_kl >= 0, "target_kl", f"must be >= 0, got {self.target_kl}")
         _check(self.clip > 0, "clip", f"must be > 0, got {self.clip}")
         _check(self.clip_c > 1, "clip_c", f"must be > 1, got {self.clip_c}")
         for name in ("warmup_iterations", "kl_coef", "entropy_coef", "max_grad_norm", "weight_decay"):
@@ -149,9 +153,12 @@ class EvalConfig:
     splits: tuple[str, ...] = ("id", "ood")
     temperature: float = 0.4
     greedy: bool = False
+    probe_states: int = 256  # held-out expert states per split for the probe (0 = no probe)
+    untrained: bool = True  # also evaluate the untrained model when PPO starts from a base or warm start
 
     def __post_init__(self) -> None:
         _positive(self, "every", "episodes")
+        _check(self.probe_states >= 0, "probe_states", f"must be >= 0, got {self.probe_states}")
         _check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
         unknown = [s for s in self.splits if s not in SPLITS]
         _check(not unknown, "splits", f"unknown {unknown} (allowed: {', '.join(SPLITS)})")
@@ -168,6 +175,23 @@ class WarmStartConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "episodes", "epochs")
+        _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+
+
+@dataclass(frozen=True)
+class BaseConfig:
+    """The cached base policy PPO starts from (trainer/base_policy.py): the tiny model trained once by
+    supervised learning on expert walkthroughs of train games disjoint from every PPO pool and
+    evaluation list; versioned by everything that shapes it."""
+
+    enabled: bool = False
+    walkthroughs: int = 400
+    epochs: int = 4
+    lr: float = 3e-3
+    minibatch_size: int = 16
+
+    def __post_init__(self) -> None:
+        _positive(self, "walkthroughs", "epochs", "minibatch_size")
         _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
 
 
@@ -212,6 +236,7 @@ class Config:
     credit: CreditConfig = field(default_factory=CreditConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
+    base: BaseConfig = field(default_factory=BaseConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     recipe: str = ""  # where it came from (name or path), filled by load_config

@@ -21,7 +21,8 @@ os.environ.setdefault("ALFWORLD_DATA", str(Path(__file__).resolve().parents[1] /
 TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",
         "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
         "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "ppo.epochs=1",
-        "eval.episodes=2", "eval.splits=['id']", "run.threads=1", "warmstart.enabled=false"]
+        "eval.episodes=2", "eval.splits=['id']", "eval.probe_states=6", "run.threads=1", "warmstart.enabled=false",
+        "base.enabled=false", "rollout.train_tasks=8"]
 ENV = {
     "webshop": ["env.max_steps=4", "env.webshop.num_products=300", "env.webshop.train_instructions=80",
                 "env.webshop.eval_instructions=8"],
@@ -148,5 +149,7 @@ def test_warm_start_is_recorded_as_iteration_zero(tmp_path, models_dir):
     ws = its[0]["metrics"]
     assert ws["phase"] == "warmstart" and ws["warmstart_walkthroughs"] == 4 and ws["warmstart_steps"] > 0
     assert ws["warmstart_loss_last_epoch"] < ws["warmstart_loss_first_epoch"]
-    assert 0.0 <= ws["warmstart_id_success"] <= 1.0
     assert store.get_run(run_id)["config"]["warmstart"]["enabled"] is True
+    phases = [(e["iteration"], e["phase"]) for e in store.evaluations(run_id)]
+    assert phases == [(0, "untrained"), (0, "warmstart"), (1, "train")]
+    assert all("probe_expert_logp" in e["metrics"] for e in store.evaluations(run_id))

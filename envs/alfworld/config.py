@@ -41,7 +41,7 @@ class AlfworldConfig:
     train_floorplans: tuple[int, ...] = TRAIN_FLOORPLANS
     ood_floorplans: tuple[int, ...] = OOD_FLOORPLANS
     ood_combo_fraction: float = 0.2
-    train_games: int = 600  # pool size of each split: tasks(split, n) needs n <= pool
+    train_games: int = 2000  # pool size of each split: tasks(split, n, start=s) needs s + n <= pool
     id_games: int = 120
     ood_games: int = 120
     min_receptacles: int = 6  # scene size (receptacles, not counting the start location)

@@ -320,16 +320,17 @@ def generate_game(config: AlfworldConfig, split: str, index: int) -> str:
 
 
 def generate_games(config: AlfworldConfig, split: str, n: int,
-                   progress: Callable[[int, int], None] | None = None) -> list[str]:
-    """Paths of games 0..n-1 of a split (generated and cached as needed); progress(done, n)."""
+                   progress: Callable[[int, int], None] | None = None, start: int = 0) -> list[str]:
+    """Paths of games start..start+n-1 of a split (generated and cached as needed); progress(done, n)."""
     check_split(split)
     if config.official_data is not None:
         raise EnvError("official_data is set: the official games are played, nothing to generate")
-    if n > config.pool_size(split):
-        raise EnvError(f"{split}: n={n} exceeds the split's pool of {config.pool_size(split)} games")
+    if start + n > config.pool_size(split):
+        raise EnvError(f"{split}: games {start}..{start + n - 1} exceed the split's pool of "
+                       f"{config.pool_size(split)} games")
     paths = []
     for i in range(n):
-        paths.append(generate_game(config, split, i))
+        paths.append(generate_game(config, split, start + i))
         if progress is not None:
             progress(i + 1, n)
     return paths

@@ -53,26 +53,29 @@ class AlfworldSuite(EnvSuite):
     def task_types(self) -> tuple[str, ...]:
         return self.config.task_types
 
-    def tasks(self, split: str, n: int, seed: int = 0, *,
+    def tasks(self, split: str, n: int, seed: int = 0, *, start: int = 0,
               progress: Callable[[int, int], None] | None = None) -> list[Task]:
-        """Games 0..n-1 of the split (generated + verified + cached as needed), in an order
+        """Games start..start+n-1 of the split (generated + verified + cached as needed), in an order
         fixed by ``seed``. Official data: a seeded sample of n of the split's games."""
         if split in OFFICIAL_SPLITS.values() and self.config.official_data is not None:
             split = {v: k for k, v in OFFICIAL_SPLITS.items()}[split]
         check_split(split)
-        if n < 1:
-            raise EnvError(f"n: must be >= 1, got {n}")
+        if n < 1 or start < 0:
+            raise EnvError(f"n: must be >= 1 and start >= 0, got n={n}, start={start}")
         rng = random.Random(f"alfworld-tasks|{split}|{seed}")
         if self.config.official_data is not None:
             games = official_games(self.config, split)
             if n > len(games):
                 raise EnvError(f"{split}: asked for {n} games, the official split has {len(games)}")
-            games = rng.sample(games, n)
+            if start + n > len(games):
+                raise EnvError(f"{split}: asked for games {start}..{start + n - 1}, the official split has {len(games)}")
+            games = random.Random(f"alfworld-official|{split}").sample(games, len(games))[start:start + n]
+            rng.shuffle(games)
             root = self.config.official_path
             ids = [os.path.relpath(os.path.dirname(g), root) for g in games]
         else:
-            games = generator.generate_games(self.config, split, n, progress)
-            ids = list(range(n))
+            games = generator.generate_games(self.config, split, n, progress, start=start)
+            ids = list(range(start, start + n))
             order = list(range(n))
             rng.shuffle(order)
             games, ids = [games[i] for i in order], [ids[i] for i in order]
@@ -87,6 +90,11 @@ class AlfworldSuite(EnvSuite):
                                        "floor_plan": traj.get("scene", {}).get("floor_plan", ""),
                                        "pddl_params": traj["pddl_params"]}))
         return tasks
+
+    def split_size(self, split: str) -> int:
+        if self.config.official_data is not None:
+            return len(official_games(self.config, check_split(split)))
+        return self.config.pool_size(check_split(split))
 
     def make_vector_env(self, num_envs: int, *, oracle: bool = False) -> VectorEnv:
         return engine.AlfworldVectorEnv(num_envs, expert=self.config.expert if oracle else None,

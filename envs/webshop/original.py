@@ -37,14 +37,22 @@ class OriginalWebshopSuite(EnvSuite):
         self.server = self._first.server
         self.goals = self.server.goals
 
-    def tasks(self, split: str, n: int, seed: int = 0) -> list[Task]:
+    def _indices(self, split: str) -> list[int]:
         if split not in SPLIT_RANGES:
             raise EnvError(f"split: unknown {split!r}; allowed {list(SPLIT_RANGES)}")
         lo, hi = SPLIT_RANGES[split]
-        idxs = list(range(lo, min(hi or len(self.goals), len(self.goals))))
-        if not 0 <= n <= len(idxs):
-            raise EnvError(f"n: {n} tasks asked from split {split!r}, which has {len(idxs)}")
-        chosen = random.Random(f"webshop-original-{split}-{seed}").sample(idxs, n)
+        return list(range(lo, min(hi or len(self.goals), len(self.goals))))
+
+    def split_size(self, split: str) -> int:
+        return len(self._indices(split))
+
+    def tasks(self, split: str, n: int, seed: int = 0, *, start: int = 0) -> list[Task]:
+        """Goals start..start+n-1 of the split (in goal order), in an order fixed by ``seed``."""
+        idxs = self._indices(split)
+        if not (0 <= n and 0 <= start and start + n <= len(idxs)):
+            raise EnvError(f"n: tasks {start}..{start + n - 1} asked from split {split!r}, which has {len(idxs)}")
+        chosen = idxs[start:start + n]
+        random.Random(f"webshop-original-{split}-{seed}").shuffle(chosen)
         return [Task(f"webshop-original/{split}/{i:05d}", split, self.goals[i].get("category", ""),
                      {"goal_index": i}) for i in chosen]
 

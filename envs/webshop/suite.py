@@ -116,13 +116,22 @@ class WebshopSuite(EnvSuite):
                 self._pools[split] = tasks
         return self._pools
 
-    def tasks(self, split: str, n: int, seed: int = 0) -> list[Task]:
+    def tasks(self, split: str, n: int, seed: int = 0, *, start: int = 0) -> list[Task]:
+        """Entries start..start+n-1 of a fixed permutation of the split's pool (disjoint ranges give
+        disjoint tasks), in an order fixed by ``seed``."""
         if split not in SPLITS:
             raise EnvError(f"split: unknown {split!r}; allowed {list(SPLITS)}")
         pool = self.pools()[split]
-        if not 0 <= n <= len(pool):
-            raise EnvError(f"n: {n} tasks asked from split {split!r}, which has {len(pool)}")
-        return [pool[i] for i in random.Random(f"webshop-tasks-{split}-{seed}").sample(range(len(pool)), n)]
+        if not (0 <= n and 0 <= start and start + n <= len(pool)):
+            raise EnvError(f"n: tasks {start}..{start + n - 1} asked from split {split!r}, which has {len(pool)}")
+        order = random.Random(f"webshop-pool-{split}").sample(range(len(pool)), len(pool))[start:start + n]
+        random.Random(f"webshop-tasks-{split}-{seed}").shuffle(order)
+        return [pool[i] for i in order]
+
+    def split_size(self, split: str) -> int:
+        if split not in SPLITS:
+            raise EnvError(f"split: unknown {split!r}; allowed {list(SPLITS)}")
+        return len(self.pools()[split])
 
     def describe_splits(self) -> dict[str, Any]:
         cfg = self.config

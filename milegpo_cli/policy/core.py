@@ -30,6 +30,14 @@ def cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+def with_lora(model, cfg: Any):
+    """``model`` under a fresh LoRA adapter when ``cfg.lora`` (peft; only the adapter trains), else as is."""
+    if not cfg_get(cfg, "lora", False):
+        return model
+    return hf.add_lora(model, cfg_get(cfg, "lora_r", 8), cfg_get(cfg, "lora_alpha", 16),
+                       cfg_get(cfg, "lora_dropout", 0.0), cfg_get(cfg, "lora_targets"))
+
+
 class Policy:
     def __init__(self, model, tokenizer, cfg: Any, base: str, tiny: bool = False, ref_model=None):
         mode = cfg_get(cfg, "action_mode", "score")
@@ -64,10 +72,30 @@ class Policy:
             name = str(ensure_tiny_model(cfg_get(policy_cfg, "tiny", {}), [*corpus, *template_corpus()], cache_dir))
         model = hf.load_causal_lm(name, cfg_get(policy_cfg, "dtype"), device)
         tokenizer = hf.load_tokenizer(name)
-        if cfg_get(policy_cfg, "lora", False):
-            model = hf.add_lora(model, cfg_get(policy_cfg, "lora_r", 8), cfg_get(policy_cfg, "lora_alpha", 16),
-                                cfg_get(policy_cfg, "lora_dropout", 0.0), cfg_get(policy_cfg, "lora_targets"))
-        return cls(model, tokenizer, policy_cfg, name, tiny)
+        return cls(with_lora(model, policy_cfg), tokenizer, policy_cfg, name, tiny)
+
+    @classmethod
+    def start_from(cls, folder: str | Path, policy_cfg: Any, device: str | torch.device | None = None) -> "Policy":
+        """A saved full-model policy (e.g. the cached base policy) as the start of training: its weights
+        are the base model, under a fresh LoRA adapter when ``policy.lora`` (so the adapter-disabled
+        reference of the KL term is this policy, not the model before it was trained)."""
+        folder = Path(folder)
+        meta = json.loads((folder / "policy.json").read_text())
+        if meta["lora"]:
+            raise PolicyError(f"{folder}: a LoRA checkpoint cannot be a starting policy (merge it first)")
+        model = with_lora(hf.load_causal_lm(folder / "model", cfg_get(policy_cfg, "dtype"), device), policy_cfg)
+        return cls(model, hf.load_tokenizer(folder / "tokenizer"), policy_cfg, str(folder / "model"), meta["tiny"])
+
+    def rebase(self, folder: str | Path) -> None:
+        """Make the current weights the reference of the KL term: with LoRA, merge the adapter into the
+        base weights, save them to ``folder`` (the new base) and add a fresh adapter; without LoRA,
+        drop any frozen copy so that ``ensure_reference`` copies the current weights."""
+        if not hf.is_peft(self.model):
+            self.ref_model = None
+            return
+        merged = self.model.merge_and_unload()
+        merged.save_pretrained(folder)
+        self.model, self.base = with_lora(merged, self.cfg), str(folder)
 
     def ensure_reference(self) -> None:
         """Make a reference policy available for the KL term: LoRA -> adapter disabled (nothing to

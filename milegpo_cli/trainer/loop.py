@@ -1,11 +1,16 @@
 """The training loop (DESIGN.md sections 2-5, 7): rollouts -> credit -> PPO -> store + MLflow.
 
+Where PPO starts: the cached base policy (``[base]``, trainer/base_policy.py), else the untrained
+model, optionally followed by a per-run supervised warm start (``[warmstart]``). Evaluations
+(trainer/evaluation.py) are stored with their phase: ``untrained``, ``warmstart`` (the policy PPO
+starts from) and ``train``; the expert-action probe is measured at every iteration.
+
 Reproducibility: every random draw of iteration i derives from (seed, i) — the global RNGs are
-reseeded at the start of each iteration, the G training tasks are drawn without replacement from a
-fixed pool (``suite.tasks("train", rollout.train_tasks)``) by ``derive_seed(seed, "tasks", i)``, evaluations
-run in a forked RNG seeded from (seed, i) on fixed task lists (``suite.tasks(split, n, seed=EVAL_TASK_SEED)``, the same for every run). So a run
-resumed from the checkpoint of iteration k (weights, optimizer, scheduler, RNG states) continues
-exactly as the uninterrupted run.
+reseeded at the start of each iteration, the G training tasks are drawn without replacement from the
+seed's PPO pool (trainer/task_pools.py) by ``derive_seed(seed, "tasks", i)``, evaluations run in a
+forked RNG seeded from (seed, i) on fixed task lists (the same for every run). So a run resumed from
+the checkpoint of iteration k (weights, optimizer, scheduler, RNG states) continues exactly as the
+uninterrupted run.
 
 Crash safety (issue 8): per iteration, rows are written in one store transaction before the
 checkpoint of that iteration; resuming deletes every row after the checkpoint's iteration, so the
@@ -23,6 +28,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -36,9 +42,9 @@ from milegpo_cli.credit import Rollout, RolloutBatch, compute_advantages
 from milegpo_cli.credit.config import canonical_drop
 from milegpo_cli.store.records import CandidateRecord, EpisodeRecord, StepRecord
 from milegpo_cli.trainer.checkpoint import find_checkpoint, latest_checkpoint, save_checkpoint, set_rng_state
+from milegpo_cli.trainer.evaluation import Probe, episode_metrics, format_success, run_evaluation
 from milegpo_cli.trainer.rollout import INVALID_ACTION, Episode, RolloutStats, expert_walkthroughs, run_episodes
-
-EVAL_TASK_SEED = 0  # the fixed evaluation task lists do not depend on the run seed
+from milegpo_cli.trainer.task_pools import ppo_pool, warmstart_tasks
 
 
 class TrainError(MilegpoError, RuntimeError):
@@ -104,20 +110,6 @@ def candidate_record(c) -> CandidateRecord:
                            credit=float(c.credit))
 
 
-def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
-    """Success rate, mean outcome (WebShop score), mean length, invalid-action rate, errored count."""
-    steps = sum(e.length for e in episodes)
-    ok = [e for e in episodes if not e.errored]
-    return {
-        "success_rate": float(np.mean([e.won for e in ok])) if ok else 0.0,
-        "mean_outcome": float(np.mean([e.score for e in ok])) if ok else 0.0,
-        "mean_length": float(np.mean([e.length for e in episodes])) if episodes else 0.0,
-        "invalid_rate": float(sum(sum(e.invalid) for e in episodes) / steps) if steps else 0.0,
-        "errored": float(len(episodes) - len(ok)),
-        "episodes": float(len(episodes)),
-    }
-
-
 # --- one iteration ------------------------------------------------------------------------
 
 @dataclass
@@ -128,8 +120,8 @@ class IterationResult:
 
 
 def train_pool(config: Config, suite) -> list:
-    """The training task pool: the first ``rollout.train_tasks`` tasks of the train split (fixed by the seed)."""
-    return suite.tasks("train", config.rollout.train_tasks, seed=config.run.seed)
+    """The run seed's PPO task pool of ``rollout.train_tasks`` tasks (trainer/task_pools.py)."""
+    return ppo_pool(suite, config.rollout.train_tasks, config.run.seed)
 
 
 def sample_tasks(pool: Sequence, groups: int, seed: int, iteration: int) -> list:
@@ -160,7 +152,9 @@ def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite
     advantages = torch.as_tensor(result.advantage, dtype=torch.float32)
     if fault_point("ppo.advantages"):  # test-only: non-finite advantages (envs/faults.py)
         advantages = torch.full_like(advantages, float("nan"))
-    update = updater.update(samples, advantages) if samples else {}
+    weights = np.concatenate([np.full(e.length, 1.0 / e.length) for e in valid]) \
+        if config.ppo.loss_agg == "episode-mean" and samples else None
+    update = updater.update(samples, advantages, weights) if samples else {}
     t_update = time.perf_counter() - t0
 
     parts = {k: getattr(result, k) for k in ("advantage", "episode_advantage", "step_advantage", "credit",
@@ -190,31 +184,6 @@ def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite
         "rollout_steps_per_s": stats.steps / t_rollout if t_rollout > 0 else 0.0,
     }
     return IterationResult(metrics, records, [candidate_record(c) for c in result.candidates])
-
-
-# --- evaluation ---------------------------------------------------------------------------
-
-def eval_tasks(suite, split: str, episodes: int) -> list:
-    """The fixed, stored task list of a split (independent of the run seed)."""
-    return suite.tasks(split, episodes, seed=EVAL_TASK_SEED)
-
-
-def run_evaluation(config: Config, policy, venv, suite, split: str, episodes: int, seed: int) -> tuple[dict[str, float], list[Episode]]:
-    """One episode per fixed task of ``split``, in a forked RNG seeded from ``seed`` (training RNG untouched)."""
-    tasks = eval_tasks(suite, split, episodes)
-    played: list[Episode] = []
-    stats = RolloutStats()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for start in range(0, len(tasks), venv.num_envs):
-            chunk = run_episodes(policy, venv, tasks[start:start + venv.num_envs], 1, max_steps=suite.max_steps,
-                                 success_reward=config.rollout.success_reward,
-                                 invalid_penalty=config.policy.invalid_penalty, greedy=config.eval.greedy,
-                                 temperature=config.eval.temperature, stats=stats)
-            for ep in chunk:
-                ep.group += start
-            played.extend(chunk)
-    return episode_metrics(played), played
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -255,7 +224,7 @@ def warm_start(config: Config, policy, suite) -> dict[str, float]:
 
     ws = config.warmstart
     seed_everything(derive_seed(config.run.seed, "warmstart"))
-    tasks = suite.tasks("train", ws.episodes, seed=derive_seed(config.run.seed, "warmstart", "tasks"))
+    tasks = warmstart_tasks(suite, ws.episodes, config.run.seed)
     venv = suite.make_vector_env(min(ws.episodes, config.rollout.groups * config.rollout.group_size), oracle=True)
     try:
         steps, won = expert_walkthroughs(venv, tasks, suite.max_steps)
@@ -305,10 +274,65 @@ def _progress(console):
                     TextColumn("{task.fields[status]}"), console=console)
 
 
-def evaluate_all(config: Config, policy, venv, suite, iteration: int) -> dict[str, tuple[dict[str, float], list[Episode]]]:
-    return {split: run_evaluation(config, policy, venv, suite, split, config.eval.episodes,
-                                  seed=derive_seed(config.run.seed, "eval", iteration, split))
-            for split in config.eval.splits}
+class Evaluator:
+    """Evaluations and the probe of one run: stored with their phase, logged to MLflow and printed
+    (one line per split, success with its Wilson interval)."""
+
+    def __init__(self, config: Config, suite, venv, probe: Probe, store, tracker, run_id: int, console):
+        self.config, self.suite, self.venv, self.probe = config, suite, venv, probe
+        self.store, self.tracker, self.run_id, self.console = store, tracker, run_id, console
+
+    def __call__(self, policy, iteration: int, phase: str) -> dict[str, dict[str, float]]:
+        cfg = self.config
+        probes = self.probe.measure(policy)
+        out = {}
+        for split in cfg.eval.splits:
+            metrics, played = run_evaluation(cfg, policy, self.venv, self.suite, split, cfg.eval.episodes,
+                                             seed=derive_seed(cfg.run.seed, "eval", iteration, split))
+            metrics.update(probes.get(split, {}))
+            out[split] = metrics
+            if self.tracker is not None:  # main process only
+                self.store.record_evaluation(self.run_id, split, metrics, [episode_record(e) for e in played],
+                                             iteration=iteration, phase=phase)
+                prefix = f"eval_{split}/" if phase == "train" else f"eval_{phase}_{split}/"
+                self.tracker.log_metrics({prefix + k: v for k, v in metrics.items()}, step=iteration)
+            probe = (f"  probe logp {metrics['probe_expert_logp']:.3f}" if "probe_expert_logp" in metrics else "")
+            self.console.print(f"eval {phase} (iteration {iteration}) {split}: success {format_success(metrics)}  "
+                               f"outcome {metrics['mean_outcome']:.3f}{probe}", soft_wrap=True)
+        return out
+
+
+def starting_policy(config: Config, suite, device, evaluate: Evaluator, run_dir: Path, log) -> tuple[Any, dict[str, float]]:
+    """The policy PPO starts from, evaluated as phase "warmstart" (and the untrained model as phase
+    "untrained" when it differs and ``eval.untrained``): the cached base policy or the untrained
+    model, then the per-run warm start if enabled. Returns (policy, metrics of how it was made)."""
+    from milegpo_cli.policy import Policy
+    from milegpo_cli.trainer.base_policy import base_metrics, ensure_base_policy
+
+    trained_first = config.base.enabled or config.warmstart.enabled
+    metrics: dict[str, float] = {}
+    policy = build_policy(config, suite, device)
+    if trained_first and config.eval.untrained:
+        evaluate(policy, 0, "untrained")
+    if config.base.enabled:
+        folder = ensure_base_policy(config, suite, device, log)
+        policy = Policy.start_from(folder, config.policy, device)
+        metrics.update(base_metrics(folder))
+        log(f"starting from the base policy {folder.name}")
+    if config.warmstart.enabled:
+        metrics.update(warm_start(config, policy, suite))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        policy.rebase(run_dir / "warmstart_base")  # the KL reference is the warm-started policy
+        log(f"warm start on {int(metrics['warmstart_walkthroughs'])} expert walkthroughs "
+            f"({int(metrics['warmstart_steps'])} steps)")
+    evaluate(policy, 0, "warmstart")
+    return policy, metrics
+
+
+def iteration_line(it: int, total: int, m: dict[str, float], wall_s: float) -> str:
+    """The plain per-iteration log line (printed when stdout is not a terminal)."""
+    return (f"iteration {it}/{total}: success {m['success_rate']:.3f}  outcome {m['mean_outcome']:.3f}  "
+            f"approx_kl {m.get('approx_kl', float('nan')):.4f}  steps {int(m['steps'])}  {wall_s:.1f} s")
 
 
 def train(config: Config, store, tracker_uri: str | None = None, resume_run: int | str | None = None,
@@ -342,29 +366,27 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
             mlflow_id = tracker.start_run(run_name(config), params=config.to_dict(), tags={"milegpo.run_id": run_id})
             store.set_mlflow_run_id(run_id, mlflow_id)
     store.set_status(run_id, "running")
+    plain = not console.is_terminal  # nohup, CI, a cluster job: one plain line per iteration
+    log = partial(console.print, soft_wrap=True)
     suite = build_suite(config)
     G, N = config.rollout.groups, config.rollout.group_size
     venv = suite.make_vector_env(G * N, oracle=True)
     eval_venv = suite.make_vector_env(min(config.eval.episodes, G * N), oracle=False)
     try:
         seed_everything(derive_seed(config.run.seed, "init"))
-        policy = build_policy(config, suite, accelerator.device, ckpt.policy_dir if ckpt else None)
         pool = train_pool(config, suite)
+        probe = Probe.collect(suite, config.eval.splits, config.eval.episodes, config.eval.probe_states,
+                              eval_venv.num_envs)
+        evaluate = Evaluator(config, suite, eval_venv, probe, store, tracker, run_id, console)
         start = 0
         if ckpt is None:
-            evals = evaluate_all(config, policy, eval_venv, suite, 0)
-            record_evals(store, tracker, run_id, 0, evals)
-            if config.warmstart.enabled:
-                ws = warm_start(config, policy, suite)
-                ws["warmstart_id_success"] = run_evaluation(
-                    config, policy, eval_venv, suite, "id", config.eval.episodes,
-                    seed=derive_seed(config.run.seed, "eval", "warmstart"))[0]["success_rate"]
-                if main:  # iteration 0 = the warm start (its evaluation rows are the untrained model)
-                    store.record_iteration(run_id, 0, {"phase": "warmstart", **ws})
-                    tracker.log_metrics(ws, step=0)
-                console.print(f"warm start on {int(ws['warmstart_walkthroughs'])} expert walkthroughs "
-                              f"({int(ws['warmstart_steps'])} steps): id success {ws['warmstart_id_success']:.3f}")
+            policy, made = starting_policy(config, suite, accelerator.device, evaluate,
+                                           checkpoint_root(config, run_id), log)
+            if made and main:  # iteration 0: how the starting policy was made
+                store.record_iteration(run_id, 0, {"phase": "warmstart", **made})
+                tracker.log_metrics(_numeric(made), step=0)
         else:
+            policy = build_policy(config, suite, accelerator.device, ckpt.policy_dir)
             start = ckpt.iteration
         updater = PPOUpdater(policy, config.ppo, accelerator, total_updates=config.run.iterations)
         if ckpt is not None:
@@ -375,7 +397,10 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
             bar = progress.add_task(f"train {run_name(config)}", total=config.run.iterations, completed=start,
                                     status="")
             for it in range(start + 1, config.run.iterations + 1):
+                t0 = time.perf_counter()
                 res = train_iteration(config, policy, updater, venv, pool, suite, it)
+                for split, values in probe.measure(policy).items():
+                    res.metrics.update({f"{k}_{split}": v for k, v in values.items()})
                 bad = bad + 1 if res.metrics.get("optimizer_steps", 1) == 0 else 0
                 if bad:
                     console.print(f"[yellow]iteration {it}: update skipped ({res.metrics.get('skipped_reason', '?')}); "
@@ -383,11 +408,12 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
                 if main:
                     store.record_iteration(run_id, it, res.metrics, res.episodes, res.candidates)
                     tracker.log_metrics(res.metrics, step=it)
+                if plain:
+                    log(iteration_line(it, config.run.iterations, res.metrics, time.perf_counter() - t0))
                 status = f"success {res.metrics['success_rate']:.2f}"
                 if it % config.eval.every == 0 or it == config.run.iterations:
-                    evals = evaluate_all(config, policy, eval_venv, suite, it)
-                    record_evals(store, tracker, run_id, it, evals)
-                    status += "  " + "  ".join(f"{s} {m['success_rate']:.2f}" for s, (m, _) in evals.items())
+                    evals = evaluate(policy, it, "train")
+                    status += "  " + "  ".join(f"{s} {m['success_rate']:.2f}" for s, m in evals.items())
                 if it % config.checkpoint.every == 0 or it == config.run.iterations:
                     write_checkpoint(config, store, run_id, it, policy, updater, accelerator)
                 progress.update(bar, advance=1, status=status)
@@ -410,15 +436,6 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
     return run_id
 
 
-def record_evals(store, tracker, run_id: int, iteration: int, evals) -> None:
-    """Store and log evaluations (main process only: ``tracker`` is None elsewhere)."""
-    if tracker is None:
-        return
-    for split, (metrics, episodes) in evals.items():
-        store.record_evaluation(run_id, split, metrics, [episode_record(e) for e in episodes], iteration=iteration)
-        tracker.log_metrics({f"eval_{split}/{k}": v for k, v in metrics.items()}, step=iteration)
-
-
 def write_checkpoint(config: Config, store, run_id: int, iteration: int, policy, updater, accelerator) -> None:
     from milegpo_cli.trainer.checkpoint import MANIFEST, sha256_file
 
@@ -432,15 +449,18 @@ def write_checkpoint(config: Config, store, run_id: int, iteration: int, policy,
 
 
 def print_summary(store, run_id: int, console, score: bool = False) -> None:
-    """Start vs end success rate per evaluated split (the first and last stored evaluation),
-    with the mean outcome when it differs from success (``score``: WebShop)."""
+    """Per evaluated split: the policy PPO started from (phase "warmstart") against the last
+    evaluation, success with its Wilson interval, and the mean outcome when it differs (WebShop)."""
     evals = [e for e in store.evaluations(run_id) if e["checkpoint"] is None and e["iteration"] is not None]
     for split in sorted({e["split"] for e in evals}):
-        rows = sorted((e for e in evals if e["split"] == split), key=lambda e: e["iteration"])
+        rows = sorted((e for e in evals if e["split"] == split and e.get("phase") != "untrained"),
+                      key=lambda e: e["iteration"])
+        if not rows:
+            continue
         first, last = rows[0], rows[-1]
         extra = f"  (score {first['mean_outcome']:.3f} -> {last['mean_outcome']:.3f})" if score else ""
-        console.print(f"{split}: success {first['success_rate']:.3f} at iteration {first['iteration']} -> "
-                      f"{last['success_rate']:.3f} at iteration {last['iteration']}{extra}")
+        console.print(f"{split}: success {format_success(first)} at the start -> "
+                      f"{format_success(last)} at iteration {last['iteration']}{extra}")
 
 
 # --- `milegpo rollout` ----------------------------------------------------------------------
@@ -470,7 +490,7 @@ def evaluate(store, run_id: int | str, split: str, episodes: int, checkpoint: in
         venv.close()
         suite.close()
     store.record_evaluation(rid, split, metrics, [episode_record(e) for e in played], iteration=ckpt.iteration,
-                            checkpoint=str(ckpt.path))
+                            checkpoint=str(ckpt.path), phase="train")
     if record_path is not None:
         write_rollouts(record_path, [Rollout(group=e.task.task_id, rollout_id=0, states=list(e.states),
                                              actions=[a or INVALID_ACTION for a in e.actions], rewards=list(e.rewards),

@@ -8,7 +8,16 @@ command under the candidate softmax), with r = exp(logp - logp_old) and advantag
     KL     = exp(ref - logp) - (ref - logp) - 1                (k3, "low_var_kl"; clamped to [-10, 10])
     L      = mean(L_pg) + kl_coef * mean(KL) - entropy_coef * mean(H)
 
-means taken over all tokens of a minibatch ("token-mean", verl's default aggregation).
+means taken over all tokens of a minibatch ("token-mean", verl's default aggregation), or weighted
+means with per-token weights w (``ppo.loss_agg``): "sequence-mean" weights each of a reply's tokens
+1 / len(reply) (each step counts once), "episode-mean" weights each step of an episode 1 / T (each
+episode counts once, so long failed episodes do not dominate).
+
+approx_kl = mean((r - 1) - log r) (the k3 estimator, >= 0, as Stable-Baselines3); with
+``ppo.target_kl`` > 0 the update stops before the step of the first minibatch whose approx_kl
+exceeds 1.5 x target_kl (SB3's early stopping), so one bad iteration cannot wreck the policy.
+Advantages may be normalised over the batch first (``ppo.advantage_norm``): "scale" divides by
+their standard deviation (zeros stay zero), "whiten" also subtracts their mean.
 """
 from __future__ import annotations
 
@@ -21,25 +30,27 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from envs.faults import fault_point
+from milegpo_cli.errors import MilegpoError
 from milegpo_cli.policy.actions import (GenerateSample, ScoreSample, generate_sample_logprobs,
                                         score_sample_logprobs)
 
 SCHEDULES = ("constant", "linear", "cosine")
 
 
-class PPOConfigError(ValueError):
+class PPOConfigError(MilegpoError, ValueError):
     """Bad [ppo] setting or bad input to the update."""
 
 
 def ppo_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, *,
              clip: float = 0.2, clip_c: float = 3.0, ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
              entropy: torch.Tensor | None = None, entropy_coef: float = 0.0,
-             norm: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Dual-clip PPO loss of the module docstring over flat per-token tensors. ``norm`` is the
-    denominator of the token mean (default: the number of tokens here; pass the minibatch total when
-    accumulating micro-batches). Returns (loss, stats); stats are detached means over these tokens."""
-    n = new_logp.numel()
-    denom = float(norm if norm is not None else n)
+             norm: float | None = None, weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Dual-clip PPO loss of the module docstring over flat per-token tensors, each token weighted by
+    ``weights`` (default 1). ``norm`` is the denominator of the weighted mean (default: the sum of the
+    weights here; pass the minibatch total when accumulating micro-batches). Returns (loss, stats);
+    stats are detached unweighted means over these tokens."""
+    w = torch.ones_like(new_logp) if weights is None else weights
+    denom = float(norm if norm is not None else w.sum())
     log_ratio = (new_logp - old_logp).clamp(-20.0, 20.0)
     ratio = log_ratio.exp()
     loss1 = -advantages * ratio
@@ -47,22 +58,22 @@ def ppo_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.T
     clipped = torch.maximum(loss1, loss2)
     loss3 = -advantages * clip_c
     pg = torch.where(advantages < 0, torch.minimum(loss3, clipped), clipped)
-    loss = pg.sum() / denom
+    loss = (w * pg).sum() / denom
     stats = {
         "policy_loss": pg.detach().mean(),
         "clip_frac": (loss2 > loss1).float().mean(),
         "clip_frac_lower": ((clipped > loss3) & (advantages < 0)).float().mean(),
-        "approx_kl": (-log_ratio).detach().mean(),
+        "approx_kl": ((ratio - 1.0) - log_ratio).detach().mean(),
     }
     if ref_logp is not None:
         d = (ref_logp - new_logp).clamp(-20.0, 20.0)
         kl = (d.exp() - d - 1.0).clamp(-10.0, 10.0)
         if kl_coef:
-            loss = loss + kl_coef * kl.sum() / denom
+            loss = loss + kl_coef * (w * kl).sum() / denom
         stats["kl"] = kl.detach().mean()
     if entropy is not None:
         if entropy_coef:
-            loss = loss - entropy_coef * entropy.sum() / denom
+            loss = loss - entropy_coef * (w * entropy).sum() / denom
         stats["entropy"] = entropy.detach().mean()
     return loss, stats
 
@@ -109,6 +120,26 @@ def num_loss_tokens(samples: Sequence) -> int:
     return len(samples) if isinstance(samples[0], ScoreSample) else sum(len(s.response_ids) for s in samples)
 
 
+def normalise_advantages(adv: np.ndarray, mode: str, eps: float = 1e-8) -> np.ndarray:
+    """``ppo.advantage_norm`` over the batch: "none", "scale" (A / std) or "whiten" ((A - mean) / std)."""
+    if mode == "none" or adv.size < 2:
+        return adv
+    std = float(adv.std())
+    if std < eps:
+        return adv - adv.mean() if mode == "whiten" else adv
+    return (adv - adv.mean()) / std if mode == "whiten" else adv / std
+
+
+def token_weights(samples: Sequence, sample_weights: np.ndarray, loss_agg: str) -> list[torch.Tensor]:
+    """Per-token loss weights of each sample: its sample weight, divided by the reply length for
+    "sequence-mean" in generate mode (score mode has one loss token per step)."""
+    out = []
+    for s, w in zip(samples, sample_weights):
+        n = 1 if isinstance(s, ScoreSample) else len(s.response_ids)
+        out.append(torch.full((n,), float(w) / (n if loss_agg == "sequence-mean" else 1), dtype=torch.float32))
+    return out
+
+
 class PPOUpdater:
     """Epochs x minibatches of the dual-clip PPO loss through ``accelerate`` (device placement,
     mixed precision, DDP), AdamW, gradient clipping and a per-update LR schedule."""
@@ -127,6 +158,9 @@ class PPOUpdater:
         self.kl_coef = float(cfg_get(ppo_cfg, "kl_coef", 0.0))
         self.entropy_coef = float(cfg_get(ppo_cfg, "entropy_coef", 0.001))
         self.max_grad_norm = float(cfg_get(ppo_cfg, "max_grad_norm", 1.0))
+        self.target_kl = float(cfg_get(ppo_cfg, "target_kl", 0.0))
+        self.advantage_norm = str(cfg_get(ppo_cfg, "advantage_norm", "none"))
+        self.loss_agg = str(cfg_get(ppo_cfg, "loss_agg", "token-mean"))
         for key, value, ok in (("lr", self.lr, self.lr > 0), ("epochs", self.epochs, self.epochs >= 1),
                                ("minibatch_size", self.minibatch_size, self.minibatch_size >= 1),
                                ("micro_batch_size", self.micro_batch_size, self.micro_batch_size >= 1),
@@ -164,35 +198,46 @@ class PPOUpdater:
             ref.train(was_training)
         return out
 
-    def update(self, samples: Sequence[ScoreSample | GenerateSample], advantages: np.ndarray) -> dict[str, float]:
-        """One PPO update on ``samples`` (one per step) with per-step ``advantages``."""
+    def update(self, samples: Sequence[ScoreSample | GenerateSample], advantages: np.ndarray,
+               sample_weights: np.ndarray | None = None) -> dict[str, float]:
+        """One PPO update on ``samples`` (one per step) with per-step ``advantages``; ``sample_weights``
+        (default 1) weight each step in the loss ("episode-mean": 1 / episode length)."""
         start = time.perf_counter()
         adv = np.asarray(advantages, dtype=np.float64).reshape(-1)
         if len(samples) != len(adv):
             raise PPOConfigError(f"ppo.update: {len(samples)} samples but {len(adv)} advantages")
+        weights = np.ones(len(adv)) if sample_weights is None else np.asarray(sample_weights, dtype=np.float64)
+        if weights.shape != adv.shape:
+            raise PPOConfigError(f"ppo.update: {len(samples)} samples but {weights.size} sample weights")
         if not samples:
             raise PPOConfigError("ppo.update: no samples")
         if len({type(s) for s in samples}) != 1:
             raise PPOConfigError("ppo.update: samples mix score and generate modes")
-        metrics = {"skipped": False, "skipped_steps": 0, "optimizer_steps": 0, "lr": self.scheduler.get_last_lr()[0]}
+        metrics = {"skipped": False, "skipped_steps": 0, "optimizer_steps": 0, "lr": self.scheduler.get_last_lr()[0],
+                   "early_stopped": 0.0}
         if not np.all(np.isfinite(adv)):
             metrics.update(skipped=True, skipped_reason="non-finite advantages", time_s=time.perf_counter() - start)
             return metrics
+        metrics.update(adv_mean=float(adv.mean()), adv_std=float(adv.std()), adv_zero_share=float(np.mean(adv == 0)))
+        adv = normalise_advantages(adv, self.advantage_norm)
         device = self.accelerator.device
         adv_t = torch.as_tensor(adv, dtype=torch.float32, device=device)
+        tok_w = token_weights(samples, weights, self.loss_agg)
         refs = self.reference_logprobs(samples) if self.kl_coef > 0 else None
         sums: dict[str, float] = {}
         counted = 0
         grad_norms = []
         tokens = 0
         self.model.train()
+        stop = False
         for _ in range(self.epochs):
             perm = torch.randperm(len(samples)).tolist()
             for i in range(0, len(perm), self.minibatch_size):
                 mb = perm[i:i + self.minibatch_size]
-                denom = num_loss_tokens([samples[j] for j in mb])
+                denom = float(sum(float(tok_w[j].sum()) for j in mb))
                 self.optimizer.zero_grad(set_to_none=True)
                 ok = True
+                mb_kl, mb_n = 0.0, 0
                 for k in range(0, len(mb), self.micro_batch_size):
                     idx = mb[k:k + self.micro_batch_size]
                     chunk = [samples[j] for j in idx]
@@ -203,18 +248,28 @@ class PPOUpdater:
                     ref = torch.cat([refs[j] for j in idx]).to(device) if refs is not None else None
                     loss, stats = ppo_loss(new_logp, old_logprobs(chunk, device), adv_t[idx_t][row], clip=self.clip,
                                            clip_c=self.clip_c, ref_logp=ref, kl_coef=self.kl_coef, entropy=entropy,
-                                           entropy_coef=self.entropy_coef, norm=denom)
+                                           entropy_coef=self.entropy_coef, norm=denom,
+                                           weights=torch.cat([tok_w[j] for j in idx]).to(device))
                     if fault_point("ppo.loss"):  # test-only: a non-finite loss (envs/faults.py)
                         loss = loss * float("nan")
                     if not torch.isfinite(loss):
                         ok = False
                         break
-                    self.accelerator.backward(loss)
                     n = new_logp.numel()
+                    mb_kl, mb_n = mb_kl + float(stats["approx_kl"]) * n, mb_n + n
+                    if self.target_kl > 0 and metrics["optimizer_steps"] > 0 and k + len(idx) >= len(mb) \
+                            and mb_kl / mb_n > 1.5 * self.target_kl:
+                        stop = True  # SB3: this minibatch has moved too far from the rollout policy
+                        break
+                    self.accelerator.backward(loss)
                     for key, value in stats.items():
                         sums[key] = sums.get(key, 0.0) + float(value) * n
                     counted += n
                     tokens += sum(s.num_tokens for s in chunk)
+                if stop:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    metrics["early_stopped"] = 1.0
+                    break
                 if ok:
                     grad_norm = self.accelerator.clip_grad_norm_(self.params, self.max_grad_norm)
                     ok = bool(torch.isfinite(grad_norm))
@@ -226,6 +281,9 @@ class PPOUpdater:
                 fault_point("ppo.step")  # test-only: a kill mid-update (envs/faults.py)
                 self.optimizer.step()
                 metrics["optimizer_steps"] += 1
+                metrics["approx_kl_last"] = mb_kl / max(mb_n, 1)
+            if stop:
+                break
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.updates += 1
@@ -234,6 +292,7 @@ class PPOUpdater:
             metrics["skipped_reason"] = "non-finite loss or gradient"
         metrics.update({key: value / max(counted, 1) for key, value in sums.items()})
         metrics.update(skipped=metrics["skipped_steps"] > 0, grad_norm=float(np.mean(grad_norms)) if grad_norms else float("nan"),
+                       grad_norm_max=float(np.max(grad_norms)) if grad_norms else float("nan"),
                        tokens=tokens, tokens_per_s=tokens / elapsed, time_s=elapsed)
         metrics.setdefault("kl", 0.0)
         return metrics

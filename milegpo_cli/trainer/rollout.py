@@ -36,6 +36,7 @@ class Episode:
     subgoals: list[tuple[str, ...]] = field(default_factory=list)  # true subgoals reached by step t
     final_state: str = ""  # kappa of the state after the last step
     won: bool = False
+    done: bool = False  # the engine ended the episode (WebShop: a purchase), not the step limit
     score: float = 0.0  # outcome in [0, 1]
     error: str | None = None
 
@@ -96,6 +97,7 @@ def run_episodes(policy, venv: VectorEnv, tasks: Sequence[Task], group_size: int
                 res = StepResult(obs[e], 0.0, True, False, 0.0, error="environment returned no result for an active episode")
             invalid = bool(res.invalid) or ep.actions[-1] is None
             ep.won, ep.score, done = bool(res.won), float(res.score), bool(res.done)
+            ep.done = done
             reward = success_reward if (done and res.won) else 0.0
             if res.error is not None:
                 ep.error, done = res.error, True

@@ -55,25 +55,35 @@ def supervised_warm_start(policy, samples: Sequence[ExpertStep], epochs: int, lr
     out = {"warmstart_loss_first_epoch": losses[0], "warmstart_loss_last_epoch": losses[-1],
            "warmstart_steps": len(train), "warmstart_time_s": time.perf_counter() - start}
     if policy.action_mode == "score":
-        out["warmstart_accuracy"] = expert_accuracy(policy, train)
+        out["warmstart_accuracy"] = expert_scores(policy, train)["expert_acc"]
     return out
 
 
 @torch.no_grad()
-def expert_accuracy(policy, train) -> float:
-    """Share of score-mode samples whose most probable candidate is the expert's."""
-    from milegpo_cli.policy.actions import candidate_logprobs
+def expert_scores(policy, samples, batch_size: int = 32) -> dict[str, float]:
+    """Mean log pi(expert action | state) and, in score mode, the share of states whose most probable
+    command is the expert's, for training samples built by ``policy.make_sample`` (the probe)."""
+    from milegpo_cli.policy.actions import ScoreSample, candidate_distribution, candidate_logprobs
 
     was_training = policy.model.training
     policy.model.eval()
-    hits = 0
-    for i in range(0, len(train), 32):
-        chunk = train[i:i + 32]
-        seqs = candidate_logprobs(policy.model, [s.prompt_ids for s in chunk], [s.candidate_ids for s in chunk],
-                                  policy.pad_id)
-        for s, seq in zip(chunk, seqs):
-            if s.length_norm:
-                seq = seq / torch.tensor([len(c) for c in s.candidate_ids], dtype=seq.dtype, device=seq.device)
-            hits += int(int(seq.argmax()) == s.chosen)
-    policy.model.train(was_training)
-    return hits / len(train)
+    logps, hits = [], 0
+    try:
+        for i in range(0, len(samples), batch_size):
+            chunk = samples[i:i + batch_size]
+            if not isinstance(chunk[0], ScoreSample):
+                logp, _, row = sample_logprobs(policy.model, chunk, policy.pad_id)
+                logps.extend(torch.zeros(len(chunk)).index_add_(0, row.cpu(), logp.float().cpu()).tolist())
+                continue
+            seqs = candidate_logprobs(policy.model, [s.prompt_ids for s in chunk], [s.candidate_ids for s in chunk],
+                                      policy.pad_id)
+            for s, seq in zip(chunk, seqs):
+                dist = candidate_distribution(seq, s.temperature, [len(c) for c in s.candidate_ids] if s.length_norm else None)
+                logps.append(float(dist[s.chosen]))
+                hits += int(int(dist.argmax()) == s.chosen)
+    finally:
+        policy.model.train(was_training)
+    out = {"expert_logp": sum(logps) / len(logps)}
+    if isinstance(samples[0], ScoreSample):
+        out["expert_acc"] = hits / len(samples)
+    return out

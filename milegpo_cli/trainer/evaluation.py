@@ -1,0 +1,122 @@
+"""Held-out evaluation and the expert-action probe (DESIGN.md section 3: an evaluation that can tell).
+
+- **Evaluation**: one episode per task of a fixed, stored task list per split
+  (``suite.tasks(split, eval.episodes, seed=EVAL_TASK_SEED)``, the same for every run and seed;
+  ALFWorld's generator cycles the six task types, so a multiple of 6 tasks is stratified exactly),
+  played in a forked RNG so that the training RNG is untouched. Success is a binomial proportion:
+  every printed rate comes with its Wilson 95 % interval.
+- **Probe**: the mean log-probability and accuracy of the expert's action on a fixed set of held-out
+  expert states (the expert's walkthroughs of the evaluation tasks of each split) — a low-variance
+  signal, measured every iteration, that moves long before success does.
+
+Every evaluation row carries a ``phase``: ``untrained`` (the model before any supervised step),
+``warmstart`` (the policy PPO starts from: after the warm start or the cached base policy; the
+untrained model itself when neither is used) or ``train`` (after PPO iteration k).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from milegpo_cli.trainer.rollout import Episode, RolloutStats, expert_walkthroughs, run_episodes
+
+EVAL_TASK_SEED = 0  # the fixed evaluation task lists do not depend on the run seed
+PHASES = ("untrained", "warmstart", "train")
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (95 % by default); (0, 1) when n = 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def format_success(metrics: dict[str, float]) -> str:
+    """"0.312 [0.23, 0.41] n=102": success rate, Wilson 95 % interval and the number of episodes."""
+    n = int(metrics.get("episodes", 0))
+    lo, hi = wilson_interval(metrics["success_rate"] * n, n)
+    return f"{metrics['success_rate']:.3f} [{lo:.2f}, {hi:.2f}] n={n}"
+
+
+def episode_metrics(episodes) -> dict[str, float]:
+    """Success rate (with its Wilson interval), mean outcome (WebShop score), the share of episodes the
+    engine ended (WebShop: a purchase) and the mean outcome of those, mean length, invalid-action
+    rate, errored count."""
+    steps = sum(e.length for e in episodes)
+    ok = [e for e in episodes if not e.errored]
+    ended = [e for e in ok if e.done]
+    wins = sum(e.won for e in ok)
+    lo, hi = wilson_interval(wins, len(ok))
+    return {
+        "success_rate": wins / len(ok) if ok else 0.0,
+        "success_ci_low": lo,
+        "success_ci_high": hi,
+        "mean_outcome": sum(e.score for e in ok) / len(ok) if ok else 0.0,
+        "ended_rate": len(ended) / len(ok) if ok else 0.0,
+        "outcome_given_ended": sum(e.score for e in ended) / len(ended) if ended else 0.0,
+        "mean_length": sum(e.length for e in episodes) / len(episodes) if episodes else 0.0,
+        "invalid_rate": sum(sum(e.invalid) for e in episodes) / steps if steps else 0.0,
+        "errored": float(len(episodes) - len(ok)),
+        "episodes": float(len(episodes)),
+    }
+
+
+def eval_tasks(suite, split: str, episodes: int) -> list:
+    """The fixed, stored task list of a split (independent of the run seed)."""
+    return suite.tasks(split, episodes, seed=EVAL_TASK_SEED)
+
+
+def run_evaluation(config, policy, venv, suite, split: str, episodes: int, seed: int) -> tuple[dict[str, float], list[Episode]]:
+    """One episode per fixed task of ``split``, in a forked RNG seeded from ``seed``."""
+    tasks = eval_tasks(suite, split, episodes)
+    played: list[Episode] = []
+    stats = RolloutStats()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for start in range(0, len(tasks), venv.num_envs):
+            chunk = run_episodes(policy, venv, tasks[start:start + venv.num_envs], 1, max_steps=suite.max_steps,
+                                 success_reward=config.rollout.success_reward,
+                                 invalid_penalty=config.policy.invalid_penalty, greedy=config.eval.greedy,
+                                 temperature=config.eval.temperature, stats=stats)
+            for ep in chunk:
+                ep.group += start
+            played.extend(chunk)
+    return episode_metrics(played), played
+
+
+@dataclass
+class Probe:
+    """Held-out expert states per split (collected once per run) and the policy's score on them."""
+
+    steps: dict[str, list] = field(default_factory=dict)  # split -> trainer.warmstart.ExpertStep
+
+    @classmethod
+    def collect(cls, suite, splits, eval_episodes: int, max_states: int, num_envs: int) -> "Probe":
+        """The expert's walkthroughs of the evaluation tasks of each split, cut to ``max_states`` steps."""
+        probe = cls()
+        if max_states <= 0:
+            return probe
+        venv = suite.make_vector_env(num_envs, oracle=True)
+        try:
+            for split in splits:
+                steps, _ = expert_walkthroughs(venv, eval_tasks(suite, split, eval_episodes), suite.max_steps)
+                probe.steps[split] = steps[:max_states]
+        finally:
+            venv.close()
+        return probe
+
+    def measure(self, policy) -> dict[str, dict[str, float]]:
+        """split -> {"probe_expert_logp", "probe_expert_acc" (score mode)}."""
+        from milegpo_cli.trainer.warmstart import expert_scores
+
+        out = {}
+        for split, steps in self.steps.items():
+            if steps:
+                samples = [policy.make_sample(s.observation, s.history, s.steps_taken, s.action) for s in steps]
+                out[split] = {f"probe_{k}": v for k, v in expert_scores(policy, samples).items()}
+        return out
