@@ -1,0 +1,1 @@
+"""Adapters that let other training engines call the project's credit estimators."""
