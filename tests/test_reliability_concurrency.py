@@ -1,6 +1,6 @@
-"""Several training processes on one SQLite store (and one MLflow store) at once: every run
-finishes, no "database is locked", no row lost or duplicated; `milegpo ablate --parallel 2` too
-(issue 8, docs/reliability.md)."""
+"""Several training processes on one store (SQLite, and a real PostgreSQL: conftest.store_url) and
+one MLflow store at once: every run finishes, no "database is locked", no row lost or duplicated;
+`milegpo ablate --parallel 2` too (issue 8, docs/reliability.md)."""
 from __future__ import annotations
 
 import os
@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, text
+
+from milegpo_cli.store import RunStore
 
 SCRIPT = Path(sys.executable).with_name("milegpo")
 TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",
@@ -17,7 +20,7 @@ TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.n
         "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "ppo.epochs=1",
         "eval.episodes=2", "eval.splits=['id']", "run.threads=1", "env.max_steps=4",
         "env.webshop.num_products=300", "env.webshop.train_instructions=80", "env.webshop.eval_instructions=8",
-        "checkpoint.every=1", "eval.every=2"]
+        "checkpoint.every=1", "eval.every=2", "rollout.train_tasks=16"]
 EPISODES = 4  # groups x group_size
 
 
@@ -53,43 +56,46 @@ def runs_dir(tmp_path: Path, models: Path) -> Path:
     return root
 
 
-def assert_run_complete(db: Path, run_id: int, iterations: int) -> None:
+def assert_run_complete(url: str | Path, run_id: int, iterations: int) -> None:
     """Every iteration exactly once, each with all its episodes and their steps; evaluations once."""
-    con = sqlite3.connect(db)
+    engine = create_engine(url if "://" in str(url) else f"sqlite:///{url}")
     try:
-        its = [r[0] for r in con.execute("SELECT iteration FROM iterations WHERE run_id=? ORDER BY iteration", (run_id,))]
-        assert its == list(range(1, iterations + 1))
-        eps = con.execute("SELECT iteration, \"group\", \"index\", length, id FROM episodes "
-                          "WHERE run_id=? AND evaluation_id IS NULL", (run_id,)).fetchall()
-        assert len(eps) == EPISODES * iterations
-        assert len({(i, g, k) for i, g, k, _, _ in eps}) == len(eps)  # no duplicate episode
-        for *_, length, eid in eps:
-            ts = [r[0] for r in con.execute("SELECT t FROM steps WHERE episode_id=? ORDER BY t", (eid,))]
-            assert ts == list(range(length))
-        evals = con.execute("SELECT iteration, split FROM evaluations WHERE run_id=?", (run_id,)).fetchall()
-        assert sorted(evals) == sorted({(0, "id"), *((i, "id") for i in range(2, iterations + 1, 2)),
-                                        (iterations, "id")})
-        (status,) = con.execute("SELECT status FROM runs WHERE id=?", (run_id,)).fetchone()
-        assert status == "finished"
+        with engine.connect() as conn:
+            def q(sql: str) -> list:
+                return conn.execute(text(sql), {"run": run_id}).all()
+
+            its = [r[0] for r in q("SELECT iteration FROM iterations WHERE run_id=:run ORDER BY iteration")]
+            assert its == list(range(1, iterations + 1))
+            eps = q("SELECT iteration, \"group\", \"index\", length, id FROM episodes "
+                    "WHERE run_id=:run AND evaluation_id IS NULL")
+            assert len(eps) == EPISODES * iterations
+            assert len({(i, g, k) for i, g, k, _, _ in eps}) == len(eps)  # no duplicate episode
+            steps = q("SELECT s.episode_id, s.t FROM steps s JOIN episodes e ON e.id = s.episode_id "
+                      "WHERE e.run_id=:run AND e.evaluation_id IS NULL ORDER BY s.episode_id, s.t")
+            for *_, length, eid in eps:
+                assert [t for e, t in steps if e == eid] == list(range(length))
+            evals = [tuple(r) for r in q("SELECT iteration, split FROM evaluations WHERE run_id=:run")]
+            assert sorted(evals) == sorted({(0, "id"), *((i, "id") for i in range(2, iterations + 1, 2)),
+                                            (iterations, "id")})
+            assert q("SELECT status FROM runs WHERE id=:run")[0][0] == "finished"
     finally:
-        con.close()
+        engine.dispose()
 
 
 @pytest.mark.slow
-def test_three_trainers_share_one_store(tmp_path, models_dir):
+def test_three_trainers_share_one_store(tmp_path, models_dir, store_url):
     root = runs_dir(tmp_path, models_dir)
     iterations = 3
     procs = [spawn(["train", "-r", "webshop", *sets(f"run.iterations={iterations}"), "--seed", str(seed),
-                    "--runs-dir", str(root)], tmp_path) for seed in range(3)]
+                    "--runs-dir", str(root), "--db", store_url], tmp_path) for seed in range(3)]
     outs = [p.communicate(timeout=400)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outs
     assert not any("locked" in o.lower() for o in outs), outs
-    con = sqlite3.connect(root / "milegpo.db")
-    runs = con.execute("SELECT id, seed FROM runs ORDER BY id").fetchall()
-    con.close()
+    with RunStore(store_url) as store:
+        runs = [(r["id"], r["seed"]) for r in store.list_runs()]
     assert sorted(seed for _, seed in runs) == [0, 1, 2]
     for run_id, _ in runs:
-        assert_run_complete(root / "milegpo.db", run_id, iterations)
+        assert_run_complete(store_url, run_id, iterations)
     mlflow = sqlite3.connect(root / "mlflow.db")  # the shared MLflow store got all three runs
     assert mlflow.execute("SELECT count(*) FROM runs WHERE status='FINISHED'").fetchone()[0] == 3
     mlflow.close()
