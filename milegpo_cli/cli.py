@@ -134,11 +134,20 @@ def train(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, algo: AlgoOpt = N
           mlflow_uri: MlflowOpt = None, runs_dir: RunsDirOpt = None,
           resume: Annotated[Optional[str], typer.Option("--resume", metavar="RUN",
                             help="Continue RUN from its last checkpoint (its stored config is used) "
-                                 "[default: start a new run].")] = None) -> None:
+                                 "[default: start a new run].")] = None,
+          dry_run: Annotated[bool, typer.Option(
+              "--dry-run", help="Print the resolved plan (model, parameter count, memory per GPU, batch sizes, "
+                                "tokens per iteration) without loading weights or writing anything.")] = False) -> None:
     """Train a policy with the recipe's credit estimator.
 
     Every iteration goes to the store and MLflow; `milegpo runs show RUN` prints them.
     """
+    if dry_run:
+        if resume is not None:
+            raise _fail("--dry-run and --resume exclude each other", 2)
+        describe = _engine("milegpo_cli.trainer.plan", "describe")
+        typer.echo(describe(_config(recipe, sets, algo, seed, model, iterations, drop, db, mlflow_uri, runs_dir)))
+        return
     if resume is None:
         config = _config(recipe, sets, algo, seed, model, iterations, drop, db, mlflow_uri, runs_dir)
         store, resume_id = _store(config.store.db, runs_dir), None

@@ -125,6 +125,7 @@ class PPOConfig:
     warmup_iterations: int = 0
     epochs: int = 1
     minibatch_size: int = 64  # steps per optimiser step
+    micro_batch_size: int = 0  # steps per forward/backward within a minibatch (gradient accumulation); 0 = minibatch_size
     clip: float = 0.2
     clip_c: float = 3.0  # dual-clip constant
     kl_coef: float = 0.0
@@ -138,6 +139,7 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "epochs", "minibatch_size", "max_bad_updates")
+        _check(self.micro_batch_size >= 0, "micro_batch_size", f"must be >= 0, got {self.micro_batch_size}")
         _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         _check(self.target_kl >= 0, "target_kl", f"must be >= 0, got {self.target_kl}")
         _check(self.clip > 0, "clip", f"must be > 0, got {self.clip}")

@@ -152,7 +152,7 @@ class PPOUpdater:
         self.lr = float(cfg_get(ppo_cfg, "lr", 1e-4))
         self.epochs = int(cfg_get(ppo_cfg, "epochs", 1))
         self.minibatch_size = int(cfg_get(ppo_cfg, "minibatch_size", 32))
-        self.micro_batch_size = int(cfg_get(ppo_cfg, "micro_batch_size", self.minibatch_size))
+        self.micro_batch_size = int(cfg_get(ppo_cfg, "micro_batch_size", 0)) or self.minibatch_size  # 0: whole minibatch
         self.clip = float(cfg_get(ppo_cfg, "clip", 0.2))
         self.clip_c = float(cfg_get(ppo_cfg, "clip_c", 3.0))
         self.kl_coef = float(cfg_get(ppo_cfg, "kl_coef", 0.0))
