@@ -2,15 +2,19 @@
 
 Each product has an ASIN-like id, a title, a breadcrumb ``product_category``, the crawl ``query``
 (its product type), attributes, bullet points (features), a description, option groups
-(size, colour, scent, ...) and one price. Product types list their nouns explicitly: the reward's
-type match compares nouns of titles (WebShop uses spaCy POS tags for that; see reward.py).
+(size, colour, scent, ...) and one price. The reward's type match compares the nouns of titles:
+WebShop takes them from spaCy POS tags; here ``type_nouns = "catalogue"`` (default) gives each
+product its type's declared nouns, ``"spacy"`` the nouns spaCy's ``en_core_web_sm`` tags in its title.
 """
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from envs.base import EnvError
 from envs.webshop.config import WebshopConfig
+
+SPACY_MODEL = "en_core_web_sm"  # the model WebShop's goal.py loads
 
 # option value pools (group name, values); values of different groups share no token
 APPAREL = ("size", ("x-small", "small", "medium", "large", "x-large", "xx-large"))
@@ -129,18 +133,13 @@ class Product:
     category: str  # top-level category key, e.g. "beauty" (the split unit)
     product_category: str  # breadcrumb "Beauty & Personal Care › Skin Care › Face Moisturizer"
     query: str  # the crawl query: the product type phrase
-    nouns: tuple[str, ...]
+    nouns: tuple[str, ...]  # title nouns for the type reward (repeats kept, as spaCy's list)
     title: str
     attributes: tuple[str, ...]
     features: tuple[str, ...]  # WebShop's BulletPoints
     description: str
     options: tuple[tuple[str, tuple[str, ...]], ...]  # (group, values) in display order
     price: float
-
-    @property
-    def text(self) -> str:
-        """Lower-cased title + bullet points + description: where the reward looks for matches."""
-        return " ".join((self.title, " ".join(self.features), self.description)).lower()
 
     @property
     def price_tag(self) -> str:
@@ -187,12 +186,9 @@ def _product(rng: random.Random, idx: int, asin: str, category: str) -> Product:
     features = tuple(rng.choice(FEATURE_TEMPLATES).format(a=a).capitalize() for a in attributes)
     description = DESCRIPTION_TEMPLATE.format(brand=brand, phrase=ptype.phrase, sub=sub.lower(),
                                               a=rng.choice(attributes))
-    text = " ".join((title, " ".join(features), description)).lower()
     options = []
     for group, values in ptype.options:
-        # a value written in the product's own text would match any goal (WebShop's text fallback)
-        allowed = [v for v in values if v not in text]
-        chosen = sorted(rng.sample(allowed, rng.randint(2, min(5, len(allowed)))), key=allowed.index)
+        chosen = sorted(rng.sample(values, rng.randint(2, min(5, len(values)))), key=values.index)
         options.append((group, tuple(chosen)))
     lo, hi = ptype.price
     price = round(max(1.0, round(rng.uniform(lo, hi)) - 0.01), 2)
@@ -200,10 +196,32 @@ def _product(rng: random.Random, idx: int, asin: str, category: str) -> Product:
                    ptype.nouns, title, attributes, features, description, tuple(options), price)
 
 
-def generate_catalogue(config: WebshopConfig) -> Catalogue:
-    """``config.num_products`` products spread evenly over ``config.categories`` (seeded)."""
+def title_nouns(nlp, titles: list[str]) -> list[tuple[str, ...]]:
+    """Per title, its lower-cased tokens that ``nlp`` tags NOUN or PROPN, repeats kept (goal.py get_type_reward)."""
+    return [tuple(t.text.lower() for t in doc if t.pos_ in ("NOUN", "PROPN")) for doc in nlp.pipe(titles)]
+
+
+def load_spacy_english():
+    """spaCy's ``en_core_web_sm`` pipeline, or an EnvError naming what to install."""
+    try:
+        import spacy
+    except ImportError:
+        raise EnvError("type_nouns = 'spacy' needs spaCy: pip install spacy") from None
+    try:
+        return spacy.load(SPACY_MODEL)
+    except OSError:
+        raise EnvError(f"type_nouns = 'spacy' needs the spaCy model {SPACY_MODEL} "
+                       f"(python -m spacy download {SPACY_MODEL}); or use type_nouns = 'catalogue'") from None
+
+
+def generate_catalogue(config: WebshopConfig, nlp=None) -> Catalogue:
+    """``config.num_products`` products spread evenly over ``config.categories`` (seeded). With
+    ``type_nouns = "spacy"`` their nouns are ``title_nouns`` of the titles (``nlp``: default en_core_web_sm)."""
     rng = random.Random(f"webshop-catalogue-{config.seed}")
     used: set[str] = set()
     cats = config.categories
     products = tuple(_product(rng, i, _asin(rng, used), cats[i % len(cats)]) for i in range(config.num_products))
+    if config.type_nouns == "spacy":
+        nouns = title_nouns(nlp or load_spacy_english(), [p.title for p in products])
+        products = tuple(replace(p, nouns=n) for p, n in zip(products, nouns))
     return Catalogue(products)

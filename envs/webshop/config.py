@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from envs.base import EnvError
 
@@ -28,6 +29,7 @@ class WebshopConfig:
     search_return_n: int = 50  # WebShop's SEARCH_RETURN_N
     num_query_candidates: int = 4  # search[...] commands offered on the search page
     step_timeout_s: float = 10.0  # a step running longer ends its episode as errored; 0 = no limit
+    type_nouns: Literal["catalogue", "spacy"] = "catalogue"  # title nouns of the type reward (reward.py)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.categories) - set(ALL_CATEGORIES))
@@ -48,6 +50,8 @@ class WebshopConfig:
             raise EnvError("id_goal_fraction: must be in (0, 1)")
         if not self.step_timeout_s >= 0:
             raise EnvError(f"step_timeout_s: must be >= 0, got {self.step_timeout_s}")
+        if self.type_nouns not in ("catalogue", "spacy"):
+            raise EnvError(f"type_nouns: {self.type_nouns!r}; allowed 'catalogue', 'spacy'")
         if not 1 <= self.num_query_candidates <= 4:
             raise EnvError("num_query_candidates: must be in 1..4")
 

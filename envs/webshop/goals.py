@@ -75,7 +75,9 @@ def candidate_queries(goal: Goal, n: int, rng: random.Random) -> tuple[str, ...]
     Up to four: product type + goal attributes, the instruction's core sentence, the product type
     alone, and a distractor (a sibling product type of the same category with the goal attributes).
     """
-    siblings = [t.phrase for _, t in types_of(goal.category) if not set(t.nouns) & set(goal.nouns)]
+    types = [t for _, t in types_of(goal.category)]
+    own = next(t.nouns for t in types if t.phrase == goal.query)  # the type's nouns, whatever type_nouns is
+    siblings = [t.phrase for t in types if not set(t.nouns) & set(own)]
     queries = [" ".join((goal.query, *goal.attributes)), goal.core, goal.query,
                " ".join((rng.choice(siblings), *goal.attributes))]
     chosen = list(dict.fromkeys(queries))[:n]

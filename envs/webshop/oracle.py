@@ -6,7 +6,9 @@ fewest steps from ``state`` to buying a good product with matching options, over
 actions (search page: the offered queries); oracle actions are the admissible actions whose
 successor is one step closer. Subgoals: "searched" (results contain a good product), "opened_goal"
 (a good product's page), "options_chosen" (a good product with every matchable group matched),
-"bought" (a best-possible purchase).
+"bought" (a best-possible purchase). Any matching value per matchable group gives the best score:
+values of different option groups never match each other (tests/test_webshop_reward.py checks the
+catalogue's pools), so each group can only match the goal's option of the same group.
 """
 from __future__ import annotations
 

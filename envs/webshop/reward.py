@@ -1,59 +1,63 @@
-"""WebShop's purchase reward (Yao et al., 2022, "WebShop", section 3.1; web_agent_site/engine/goal.py).
+"""WebShop's purchase reward (Yao et al., 2022, "WebShop", section 3.1), rule for rule as the original
+``get_reward`` of web_agent_site/engine/goal.py (with ``normalize_color`` of engine/normalize.py):
 
-    score = r_type * (|U_att ∩ Y_att| + |U_opt ∩ Y_opt| + 1[y_price <= u_price]) / (|U_att| + |U_opt| + 1)
+    score = r_type * (n_att + n_opt + 1[y_price <= u_price]) / (|U_att| + |U_opt| + 1)
 
-U = the goal, Y = the purchased product and options. Matching follows ``get_reward``:
-- attributes: a goal attribute matches when ``token_set_ratio`` with one product attribute is > 85,
-  or when it is a substring of the lower-cased title, bullet points or description;
-- options: each *purchased* option counts when (group "size") its value equals a goal option, or
-  (other groups) its token_set_ratio with a goal option is > 85, or it is a substring of the text;
-- r_type = 1, lowered to 0.5 when neither the query, >= 2 breadcrumb components, nor a title
-  noun score > 0.2 match; 0.1 when the title noun score < 0.1; 0 when it is 0. The title noun score
-  is |nouns(Y) ∩ nouns(U)| / |nouns(U)| (WebShop extracts the nouns with spaCy; the simulator's
-  product types list their nouns).
-``token_set_ratio`` is fuzzywuzzy's, with difflib's SequenceMatcher as its pure-Python version uses.
-WebShop's colour normalisation is the identity here (the catalogue's colours are already canonical).
-The score is capped at 1 (the original can exceed 1 only when two purchased options match one goal option).
+U = the goal, Y = the purchased product and its chosen options.
+- n_att: goal attributes g with token_set_ratio(p, g) > 85 for some product attribute p, or else g a
+  substring of the lower-cased title, of the lower-cased bullet points joined by spaces, or of the
+  lower-cased description (each field searched on its own).
+- n_opt: goal option values g matched by some purchased option value p, token_set_ratio(p, g) > 85,
+  both colour-normalised first (a value becomes the first colour word it contains: "dark teal" ->
+  "dark"); every option group alike (size too), each goal option counted once, so n_opt <= |U_opt|.
+- r_type = 1, lowered to 0.5 when neither the query, >= 2 breadcrumb components, nor a title-noun
+  score > 0.2 match; 0.1 when the title-noun score < 0.1; 0 when it is 0. Title-noun score =
+  |set(nouns(Y)) & set(nouns(U))| / len(nouns(U)) (repeats counted in the divisor), 0.2 when U has no
+  noun; the nouns are Product.nouns (catalogue.py: the type's nouns, or spaCy's, ``type_nouns``).
+``token_set_ratio`` is thefuzz's with its defaults (ASCII forced: U+0080-U+00FF dropped; full_process).
+Where the original raises, the result is defined here: a price limit <= 0 is a limit like any other
+(met only by a price <= it, so by no positive price); a goal without attributes has r_att = None.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from difflib import SequenceMatcher
 from functools import lru_cache
+from itertools import product as combinations
+
+from thefuzz import fuzz
 
 from envs.webshop.catalogue import Product
 from envs.webshop.goals import Goal
 
-EXACT_MATCH_OPTS = ("size",)
 FUZZY_THRESHOLD = 85
-_NON_ALNUM = re.compile(r"(?ui)\W")
-
-
-def _ratio(a: str, b: str) -> int:
-    if not a or not b:
-        return 0
-    return int(round(100 * SequenceMatcher(None, a, b).ratio()))
+# normalize.py COLOR_SET, in its order (the first word contained in a value wins)
+COLOR_WORDS = tuple("""
+    alabaster apricot aqua ash asphalt azure banana beige black blue blush bordeaux bronze brown burgundy
+    camel camo caramel champagne charcoal cheetah chestnut chocolate christmas coffee cognac copper coral
+    cranberry cream crystal dark denim eggplant elephant espresso fuchsia gold granite grape graphite grass
+    gray green grey heather indigo ivory ivy khaki lavender lemon leopard light lilac lime magenta maroon
+    mauve merlot midnight mint mocha multicolor mushroom mustard natural navy nude olive orange peach pewter
+    pink plum purple rainbow red rose royal rust sand sapphire seashell silver skull slate steel stone
+    stonewash sunflower tan taupe teal tiger turquoise violet walnut wheat white wine yellow""".split())
 
 
 @lru_cache(maxsize=1 << 16)
-def token_set_ratio(s1: str, s2: str) -> int:
-    """fuzzywuzzy.fuzz.token_set_ratio: best ratio among sorted intersection / intersection + rests."""
-    t1 = set(_NON_ALNUM.sub(" ", s1).lower().split())
-    t2 = set(_NON_ALNUM.sub(" ", s2).lower().split())
-    if not t1 or not t2:
-        return 0
-    sect = " ".join(sorted(t1 & t2))
-    c12 = (sect + " " + " ".join(sorted(t1 - t2))).strip()
-    c21 = (sect + " " + " ".join(sorted(t2 - t1))).strip()
-    return max(_ratio(sect, c12), _ratio(sect, c21), _ratio(c12, c21))
+def normalize_color(value: str) -> str:
+    """The first colour word that ``value`` contains (as a substring), else ``value`` itself."""
+    return next((c for c in COLOR_WORDS if c in value), value)
+
+
+@lru_cache(maxsize=1 << 16)
+def fuzzy_match(a: str, b: str) -> bool:
+    """thefuzz token_set_ratio(a, b) > 85."""
+    return fuzz.token_set_ratio(a, b) > FUZZY_THRESHOLD
 
 
 @dataclass(frozen=True)
 class RewardInfo:
     score: float
     r_type: float
-    r_att: float
+    r_att: float | None
     r_option: float | None
     r_price: bool
     query_match: bool
@@ -67,8 +71,7 @@ def type_reward(product: Product, goal: Goal) -> tuple[float, bool, bool, float]
     cats_p = {x.strip() for x in product.product_category.split("›")}
     cats_g = {x.strip() for x in goal.product_category.split("›")}
     category_match = len(cats_p & cats_g) >= 2
-    desired = set(goal.nouns)
-    title_score = len(set(product.nouns) & desired) / len(desired) if desired else 0.2
+    title_score = len(set(product.nouns) & set(goal.nouns)) / len(goal.nouns) if goal.nouns else 0.2
     r_type = 1.0
     if not (query_match or category_match or title_score > 0.2):
         r_type = 0.5
@@ -80,48 +83,63 @@ def type_reward(product: Product, goal: Goal) -> tuple[float, bool, bool, float]
 
 
 def attribute_matches(product: Product, goal: Goal) -> int:
-    text = product.text
+    """n_att: goal attributes matched by a product attribute or found in one text field."""
+    fields = (product.title.lower(), " ".join(product.features).lower(), product.description.lower())
     return sum(1 for g in goal.attributes
-               if any(token_set_ratio(p, g) > FUZZY_THRESHOLD for p in product.attributes) or g in text)
+               if any(fuzzy_match(p, g) for p in product.attributes) or any(g in f for f in fields))
 
 
-def option_matches(value_group: str, value: str, goal_values: tuple[str, ...], text: str) -> bool:
-    """Does one purchased option (group, value) count as matching a goal option?"""
-    if value_group.lower() in EXACT_MATCH_OPTS:
-        if value in goal_values:
-            return True
-    elif any(token_set_ratio(g, value) > FUZZY_THRESHOLD for g in goal_values):
-        return True
-    return value in text
+def _option_mask(value: str, goal_values: tuple[str, ...]) -> int:
+    """Bit j set when the purchased ``value`` matches goal option value j (both colour-normalised)."""
+    v = normalize_color(value)
+    return sum(1 << j for j, g in enumerate(goal_values) if fuzzy_match(v, normalize_color(g)))
+
+
+def _goal_values(goal: Goal) -> tuple[str, ...]:
+    return tuple(v for _, v in goal.options)
+
+
+def _score(product: Product, goal: Goal, n_opt: int) -> RewardInfo:
+    r_type, query_match, category_match, title_score = type_reward(product, goal)
+    r_price = product.price <= goal.price_upper
+    n_att = attribute_matches(product, goal)
+    n_goal_opts = len(goal.options)
+    total = (n_att + n_opt + int(r_price)) / (len(goal.attributes) + n_goal_opts + 1)
+    return RewardInfo(score=total * r_type, r_type=r_type,
+                      r_att=n_att / len(goal.attributes) if goal.attributes else None,
+                      r_option=n_opt / n_goal_opts if n_goal_opts else None, r_price=r_price,
+                      query_match=query_match, category_match=category_match, title_score=title_score)
 
 
 def get_reward(product: Product, goal: Goal, options: dict[str, str]) -> RewardInfo:
     """The purchase score of ``product`` bought with ``options`` (group -> value) for ``goal``."""
-    r_type, query_match, category_match, title_score = type_reward(product, goal)
-    r_price = product.price <= goal.price_upper
-    n_att = attribute_matches(product, goal)
-    goal_values = tuple(v for _, v in goal.options)
-    text = product.text
-    n_opt = sum(1 for k, v in options.items() if option_matches(k, v, goal_values, text))
-    total = (n_att + n_opt + int(r_price)) / (len(goal.attributes) + len(goal_values) + 1)
-    return RewardInfo(score=min(1.0, total * r_type), r_type=r_type, r_att=n_att / len(goal.attributes),
-                      r_option=n_opt / len(goal_values) if goal_values else None, r_price=r_price,
-                      query_match=query_match, category_match=category_match, title_score=title_score)
+    goal_values = _goal_values(goal)
+    mask = 0
+    for value in options.values():
+        mask |= _option_mask(value, goal_values)
+    return _score(product, goal, mask.bit_count())
 
 
 def matching_values(product: Product, goal: Goal) -> dict[str, frozenset[str]]:
-    """Per option group of ``product``, the values that would count as a match (empty groups left out)."""
-    goal_values = tuple(v for _, v in goal.options)
-    text = product.text
+    """Per option group of ``product``, the values that match some goal option (empty groups left out)."""
+    goal_values = _goal_values(goal)
     out = {}
     for group, values in product.options:
-        ok = frozenset(v for v in values if option_matches(group, v, goal_values, text))
+        ok = frozenset(v for v in values if _option_mask(v, goal_values))
         if ok:
             out[group] = ok
     return out
 
 
 def best_score(product: Product, goal: Goal) -> float:
-    """The highest score reachable by buying ``product`` (one matching value per matchable group)."""
-    best = {g: min(vals) for g, vals in matching_values(product, goal).items()}
-    return get_reward(product, goal, best).score
+    """The highest score reachable by buying ``product``: the best of all choices of at most one value
+    per option group."""
+    goal_values = _goal_values(goal)
+    masks = [{0} | {_option_mask(v, goal_values) for v in values} for _, values in product.options]
+    best_opt = 0
+    for choice in combinations(*masks):
+        mask = 0
+        for m in choice:
+            mask |= m
+        best_opt = max(best_opt, mask.bit_count())
+    return _score(product, goal, best_opt).score
