@@ -4,7 +4,16 @@ import pytest
 
 from milegpo_cli.credit import CreditConfig, Rollout, RolloutBatch, compute_advantages
 
-EPS = CreditConfig(eps=1e-12, lambda_p=0.5)  # hand-computed with DESIGN.md section 2 values
+EPS = CreditConfig(eps=1e-12, lambda_p=0.5)
+# v2 hand-computed with DESIGN.md section 2 values (gates closed); its credit is centred per anchor group
+V2 = CreditConfig(formulation="v2", eps=1e-12, lambda_p=0.5, lambda_m=0.5, lambda_t=0.5, g_p=0.0, g_b=0.0)
+
+
+def centred(b, raw):
+    """The v2 credit of ``raw`` (DESIGN 2's uncentred credit) after centring (gigpo.centre)."""
+    from milegpo_cli.credit.anchors import config_anchors
+    from milegpo_cli.credit.gigpo import centre
+    return centre(np.asarray(raw, float), *config_anchors(b, V2), b.step_group, b.num_groups)
 
 
 def batch(*rollouts):
@@ -93,7 +102,7 @@ def four_rollouts():
 
 def test_milegpo_hand_computed():
     b = four_rollouts()
-    res = compute_advantages(b, "milegpo", EPS)
+    res = compute_advantages(b, "milegpo", V2)
     # p̄ = 1/2, k = 2. s1: n+ 2, n- 1 -> Beta(3, 2): rho = 1 - 2 * 5/16 = 3/8
     # s2: n+ 2, n- 0 -> Beta(3, 1): rho = 1 - 2 * 1/8 = 3/4; s3 (loop in a failure): Beta(1, 2): rho = 1 - 2 * 3/4
     cands = {c.key: c for c in res.candidates}
@@ -107,10 +116,10 @@ def test_milegpo_hand_computed():
     # s1 -> s2: 0.5 * 3/4 (unverified); s0 -x-> s3: 0.5 * -1/2 (no progress, Q = 0 < V)
     expected = [0.5 + 3 / 16, 0.5 + 3 / 8, 0.5, -0.5 - 1 / 4, -0.5, -0.5,
                 0.5 + 3 / 16, -0.5, -0.5, 0.5 + 3 / 16, 0.5 + 3 / 8, 0.5]
-    assert np.allclose(res.credit, expected)
+    assert np.allclose(res.credit, centred(b, expected))
     gig = compute_advantages(b, "gigpo", EPS)
-    assert np.allclose(res.step_advantage, gig.step_advantage + np.array(expected))
-    assert np.allclose(res.advantage, gig.episode_advantage + gig.step_advantage + np.array(expected))
+    assert np.allclose(res.step_advantage, gig.step_advantage + centred(b, expected))
+    assert np.allclose(res.advantage, gig.episode_advantage + gig.step_advantage + centred(b, expected))
     assert res.milestone.tolist() == [True, True, False, False, False, False, True, False, False, True, True, False]
     assert np.flatnonzero(res.trap).tolist() == [3]
     assert np.flatnonzero(res.unverified).tolist() == [1, 10]
@@ -119,9 +128,9 @@ def test_milegpo_hand_computed():
 
 
 def test_milegpo_reliability_drop_uses_unit_rho():
-    res = compute_advantages(four_rollouts(), "milegpo", EPS, drop={"reliability"})
+    res = compute_advantages(four_rollouts(), "milegpo", V2, drop={"reliability"})
     assert sorted(c.rho for c in res.candidates) == [-1.0, 1.0, 1.0]
-    assert res.credit[0] == pytest.approx(0.5 + 0.5)
+    assert res.candidates[0].credit == pytest.approx(0.5)  # s1 entered with progress: lambda_m * 1
 
 
 def gated():
@@ -136,14 +145,14 @@ def test_progress_gate_scales_unconfirmed_milestones():
     from milegpo_cli.credit.milegpo import reliability
     rho = float(reliability(np.array([2]), np.array([0]), np.array([0.75]), 2.0)[0])
     assert rho > 0
-    closed = compute_advantages(gated(), "milegpo", CreditConfig(g_p=0.0, lambda_p=0.5))
-    open_ = compute_advantages(gated(), "milegpo", CreditConfig(g_p=1.0, lambda_p=0.5))
-    assert closed.credit[0] == pytest.approx(-0.5)  # dense "no progress" only
-    assert open_.credit[0] == pytest.approx(-0.5 + 0.5 * rho)
-    no_progress = compute_advantages(gated(), "milegpo", CreditConfig(), drop={"progress"})
+    closed = compute_advantages(gated(), "milegpo", CreditConfig(formulation="v2", g_p=0.0, lambda_p=0.5))
+    open_ = compute_advantages(gated(), "milegpo", CreditConfig(formulation="v2", g_p=1.0, lambda_p=0.5))
+    no_progress = compute_advantages(gated(), "milegpo", V2, drop={"progress"})
     rho_s2 = float(reliability(np.array([3]), np.array([0]), np.array([0.75]), 2.0)[0])
-    assert no_progress.credit[0] == pytest.approx(0.5 * rho) and no_progress.credit[1] == pytest.approx(0.5 * rho_s2)
-    assert no_progress.credit[2] == 0.0  # no dense progress credit
+    credit = {(name, c.key): c.credit for name, r in (("closed", closed), ("open", open_), ("none", no_progress))
+              for c in r.candidates}
+    assert credit["open", "s1"] == pytest.approx(0.5 * rho)  # the gate is open: kept without progress
+    assert credit["none", "s1"] == pytest.approx(0.5 * rho) and credit["none", "s2"] == pytest.approx(0.5 * rho_s2)
     s1 = [c for c in closed.candidates if c.key == "s1"][0]
     assert s1.progress_ok == 0.0 and s1.credit == 0.0
 
@@ -156,11 +165,11 @@ def test_branch_gate_scales_contradicted_candidates():
               ("g", 4, ["s0", "s5"], ["d", "e"], [0, 1], 1.0))
     # s2 (n+ 2, n- 0) is a milestone; its entry s1 -b-> s2 has Q(s1, b) = 1 > V(s1) = 1/2: kept.
     # s1 (n+ 2, n- 2, p = 1/2 < p̄ = 3/5) is no milestone.
-    res = compute_advantages(b, "milegpo", CreditConfig())
+    res = compute_advantages(b, "milegpo", V2)
     s2 = [c for c in res.candidates if c.key == "s2"][0]
     assert s2.kind == "milestone" and s2.branch_ok == 1.0
     assert [c for c in res.candidates if c.key == "s5"] == []  # n+ = 1 < min(m_min, N+) = 2
-    dropped = compute_advantages(b, "milegpo", CreditConfig(), drop={"branch"})
+    dropped = compute_advantages(b, "milegpo", V2, drop={"branch"})
     assert np.isnan([c for c in dropped.candidates if c.key == "s2"][0].branch_ok)
 
 
@@ -174,13 +183,13 @@ def test_branch_gate_removes_credit_when_evidence_disagrees():
     b = batch(*rows)
     from milegpo_cli.credit.milegpo import reliability
     rho = float(reliability(np.array([2]), np.array([0]), np.array([4 / 7]), 2.0)[0])
-    res = compute_advantages(b, "milegpo", CreditConfig(g_b=0.0, lambda_p=0.5))
+    res = compute_advantages(b, "milegpo", V2)
     cands = {c.key: c for c in res.candidates}
     assert cands["m"].kind == "milestone" and cands["m"].branch_ok == 0.0 and cands["m"].credit == 0.0
     assert cands["z"].branch_ok == 1.0 and cands["z"].credit == pytest.approx(0.5 * rho)
     assert res.branch[0] == -1 and res.branch[10] == 1
-    assert res.credit[0] == pytest.approx(0.5)  # dense progress only
-    half = compute_advantages(b, "milegpo", CreditConfig(g_b=0.5, lambda_p=0.5))
-    assert half.credit[0] == pytest.approx(0.5 + 0.25 * rho)
-    dropped = compute_advantages(b, "milegpo", CreditConfig(lambda_p=0.5), drop={"branch"})
-    assert dropped.credit[0] == pytest.approx(0.5 + 0.5 * rho) and not dropped.unverified.any()
+    half = compute_advantages(b, "milegpo", CreditConfig(formulation="v2", g_b=0.5, lambda_p=0.5))
+    assert [c.credit for c in half.candidates if c.key == "m"] == [pytest.approx(0.25 * rho)]
+    dropped = compute_advantages(b, "milegpo", CreditConfig(formulation="v2", lambda_p=0.5), drop={"branch"})
+    assert [c.credit for c in dropped.candidates if c.key == "m"] == [pytest.approx(0.5 * rho)]
+    assert not dropped.unverified.any()

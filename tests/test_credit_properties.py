@@ -78,8 +78,12 @@ def test_equal_success_and_failure_visits_give_rho_zero(m, k):
 def test_state_visited_equally_by_successes_and_failures_is_no_candidate(n_pos, n_neg):
     rollouts = [Rollout("g", f"p{i}", ["s0", "both", f"p{i % 2}"], ["a", "b", "c"], [0, 0, 1], 1.0) for i in range(n_pos)]
     rollouts += [Rollout("g", f"n{i}", ["s0", "both", f"n{i % 2}"], ["a", "b", "d"], [0, 0, 0], 0.0) for i in range(n_neg)]
-    res = compute_advantages(RolloutBatch.from_rollouts(rollouts), "milegpo", CreditConfig())
+    b = RolloutBatch.from_rollouts(rollouts)
+    res = compute_advantages(b, "milegpo", CreditConfig(formulation="v2"))
     assert "both" not in {c.key for c in res.candidates}
+    # v3 selects by support, but every rollout enters "both" from the same first visit of s0: centred to 0
+    v3 = compute_advantages(b, "milegpo", CreditConfig())
+    assert np.allclose(v3.credit[b.step_t == 0], 0.0, atol=1e-12)
 
 
 @SETTINGS
@@ -92,9 +96,12 @@ def test_decoy_visited_by_every_rollout_is_never_a_milestone(rollouts):
     if not with_decoy:
         return
     b = RolloutBatch.from_rollouts(with_decoy)
-    for cfg in (CreditConfig(), CreditConfig(formulation="paper"), CreditConfig(m_min=1)):
+    for cfg in (CreditConfig(formulation="v2"), CreditConfig(formulation="paper"), CreditConfig(formulation="v2", m_min=1)):
         res = compute_advantages(b, "milegpo", cfg)
         assert "DECOY" not in {c.key for c in res.candidates if c.kind == "milestone"}
+    for cfg in (CreditConfig(), CreditConfig(m_min=1)):  # v3: a candidate by support, with little outcome weight
+        res = compute_advantages(b, "milegpo", cfg)
+        assert all(abs(c.rho) < 0.3 for c in res.candidates if c.kind == "milestone" and c.key == "DECOY")
 
 
 def reference_distances(b):
@@ -114,20 +121,27 @@ def reference_distances(b):
 
 @SETTINGS
 @given(rollout_lists())
-def test_progress_credit_sign_follows_graph_distance(rollouts):
+def test_progress_signal_follows_graph_distance(rollouts):
     b = RolloutBatch.from_rollouts(rollouts)
-    res = compute_advantages(b, "milegpo", CreditConfig(), drop={"milestones", "traps"})
+    v3 = compute_advantages(b, "milegpo", CreditConfig(), drop={"milestones", "traps"})
+    v2 = compute_advantages(b, "milegpo", CreditConfig(formulation="v2"), drop={"milestones", "traps"})
     dist = reference_distances(b)
     has_success = np.bincount(b.rollout_group[b.success], minlength=b.num_groups) > 0
     for i in range(b.num_steps):
-        if not has_success[b.step_group[i]]:
-            assert res.credit[i] == 0.0
-            continue
         last = b.step_last[i]
         v = ("SUCCESS",) if last and b.step_success[i] else ("FAIL",) if last else ("s", int(b.step_state[i + 1]))
-        shorter = dist(v) < dist(("s", int(b.step_state[i])))
-        lam = CreditConfig().lambda_p
-        assert res.credit[i] == (lam if shorter else -lam)
+        du = dist(("s", int(b.step_state[i])))
+        shorter = dist(v) < du
+        assert v2.progress[i] == (0 if not has_success[b.step_group[i]] else 1 if shorter else -1)
+        assert v3.progress[i] == (0 if np.isinf(du) else 1 if shorter else -1)  # silent where u cannot reach SUCCESS
+    for res in (v2, v3):  # the dense credit is the centred progress signal
+        assert np.allclose(res.credit, centred(b, CreditConfig().lambda_p * res.progress))
+
+
+def centred(b, x):
+    from milegpo_cli.credit.anchors import config_anchors
+    from milegpo_cli.credit.gigpo import centre
+    return centre(np.asarray(x, float), *config_anchors(b, CreditConfig()), b.step_group, b.num_groups)
 
 
 @SETTINGS
@@ -135,11 +149,12 @@ def test_progress_credit_sign_follows_graph_distance(rollouts):
 def test_dropping_milestones_traps_progress_is_gigpo_exactly(rollouts, cfg):
     b = RolloutBatch.from_rollouts(rollouts)
     gig = compute_advantages(b, "gigpo", cfg)
-    mile = compute_advantages(b, "milegpo", CreditConfig(**{**cfg.__dict__, "formulation": "ours"}),
-                              drop={"milestones", "traps", "progress"})
-    assert np.array_equal(mile.advantage, gig.advantage)
-    assert np.array_equal(mile.step_advantage, gig.step_advantage)
-    assert not mile.credit.any() and mile.candidates == []
+    for form in ("v3", "ours"):  # "ours": the old name of v2
+        mile = compute_advantages(b, "milegpo", CreditConfig(**{**cfg.__dict__, "formulation": form}),
+                                  drop={"milestones", "traps", "progress"})
+        assert np.array_equal(mile.advantage, gig.advantage)
+        assert np.array_equal(mile.step_advantage, gig.step_advantage)
+        assert not mile.credit.any() and mile.candidates == []
 
 
 def test_dropping_milestones_and_traps_leaves_dense_progress_credit():
@@ -147,7 +162,8 @@ def test_dropping_milestones_and_traps_leaves_dense_progress_credit():
                                     Rollout("g", 1, ["s0", "s2"], ["c", "d"], [0, 0], 0.0)])
     res = compute_advantages(b, "milegpo", CreditConfig(), drop={"milestones", "traps"})
     lam = CreditConfig().lambda_p
-    assert res.credit.tolist() == [lam, lam, -lam, -lam] and res.candidates == []
+    # s0: +-lam against the anchor mean 0; s1 (+lam), s2 (silent: FAIL only) alone: minus the group mean lam / 4
+    assert res.credit.tolist() == [lam, 0.75 * lam, -lam, -0.25 * lam] and res.candidates == []
     gig = compute_advantages(b, "gigpo", CreditConfig())
     assert np.allclose(res.step_advantage - gig.step_advantage, res.credit)
 

@@ -11,6 +11,14 @@ from typing import Sequence
 
 import numpy as np
 
+from milegpo_cli.errors import MilegpoError
+
+MAX_MAGNITUDE = 1e100  # |outcome|, |reward| above this would overflow the sums of squares of the statistics
+
+
+class CreditError(MilegpoError, ValueError):
+    """A rollout batch the estimators cannot use (message: ``<field>: <reason>``, one line)."""
+
 
 @dataclass(frozen=True)
 class Rollout:
@@ -23,6 +31,8 @@ class Rollout:
     rewards: Sequence[float]
     outcome: float
     success: bool | None = None  # None -> outcome >= success_threshold
+    invalid: Sequence[bool] | None = None  # per step: the reply was unparsable / inadmissible (verl-agent penalty)
+    subgoals: Sequence[Sequence[str]] | None = None  # per step: true subgoals newly reached (oracle-milestones)
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,6 +66,9 @@ class RolloutBatch:
     state_group: np.ndarray
     action_names: tuple[str, ...]
     pair_state: np.ndarray
+    step_invalid: np.ndarray | None = None
+    step_subgoals: np.ndarray | None = None
+    has_subgoals: bool = False
 
     @property
     def num_groups(self) -> int:
@@ -75,9 +88,9 @@ class RolloutBatch:
 
     @classmethod
     def from_rollouts(cls, rollouts: Sequence[Rollout], success_threshold: float = 1.0) -> "RolloutBatch":
-        """Validate and flatten rollouts; raises ValueError naming the rollout and field."""
+        """Validate and flatten rollouts; raises CreditError naming the rollout and field."""
         if not math.isfinite(success_threshold):
-            raise ValueError(f"success_threshold: must be finite, got {success_threshold!r}")
+            raise CreditError(f"success_threshold: must be finite, got {success_threshold!r}")
         group_index: dict[str, int] = {}
         seen: set[tuple[str, str | int]] = set()
         state_ids: dict[tuple[int, str], int] = {}
@@ -88,18 +101,33 @@ class RolloutBatch:
         actions_flat: list[int] = []
         pairs_flat: list[int] = []
         rewards_flat: list[float] = []
+        invalid_flat: list[bool] = []
+        subgoals_flat: list[int] = []
+        has_subgoals = bool(rollouts)
         for r in rollouts:
             where = f"rollout {r.rollout_id!r} of group {r.group!r}"
             if (r.group, r.rollout_id) in seen:
-                raise ValueError(f"rollout_id: duplicate {where}")
+                raise CreditError(f"rollout_id: duplicate {where}")
             seen.add((r.group, r.rollout_id))
             if not (len(r.states) == len(r.actions) == len(r.rewards)):
-                raise ValueError(
+                raise CreditError(
                     f"steps: {where} has {len(r.states)} states, {len(r.actions)} actions, {len(r.rewards)} rewards"
                 )
             out = float(r.outcome)
             if not math.isfinite(out):
-                raise ValueError(f"outcome: {where} has non-finite outcome {r.outcome!r}")
+                raise CreditError(f"outcome: {where} has non-finite outcome {r.outcome!r}")
+            if abs(out) > MAX_MAGNITUDE:
+                raise CreditError(f"outcome: {where} has |outcome| {out:.3g} > {MAX_MAGNITUDE:g} (rescale the scores)")
+            for name, per_step in (("invalid", r.invalid), ("subgoals", r.subgoals)):
+                if per_step is not None and len(per_step) != len(r.states):
+                    raise CreditError(f"{name}: {where} has {len(per_step)} entries for {len(r.states)} steps")
+            invalid_flat.extend(bool(x) for x in r.invalid) if r.invalid is not None else \
+                invalid_flat.extend([False] * len(r.states))
+            if r.subgoals is None:
+                has_subgoals = False
+                subgoals_flat.extend([0] * len(r.states))
+            else:
+                subgoals_flat.extend(len(sg) for sg in r.subgoals)
             g = group_index.setdefault(r.group, len(group_index))
             rollout_group.append(g)
             outcome.append(out)
@@ -114,7 +142,11 @@ class RolloutBatch:
         reward = np.asarray(rewards_flat, dtype=np.float64)
         if reward.size and not np.isfinite(reward).all():
             bad = int(np.flatnonzero(~np.isfinite(reward))[0])
-            raise ValueError(f"rewards: non-finite reward at flattened step {bad}")
+            raise CreditError(f"rewards: non-finite reward at flattened step {bad}")
+        if reward.size and np.abs(reward).max() > MAX_MAGNITUDE:
+            bad = int(np.argmax(np.abs(reward)))
+            raise CreditError(f"rewards: |reward| {reward[bad]:.3g} > {MAX_MAGNITUDE:g} at flattened step {bad} "
+                              "(rescale the rewards)")
         length_a = np.asarray(length, dtype=np.int64)
         offset = np.concatenate([[0], np.cumsum(length_a)[:-1]]).astype(np.int64) if length else np.zeros(0, np.int64)
         step_rollout = np.repeat(np.arange(len(length), dtype=np.int64), length_a)
@@ -143,4 +175,7 @@ class RolloutBatch:
             state_group=np.asarray([g for g, _ in keys], dtype=np.int64),
             action_names=tuple(a for _, a in action_ids),
             pair_state=np.asarray([s for s, _ in pair_ids], dtype=np.int64),
+            step_invalid=np.asarray(invalid_flat, dtype=bool),
+            step_subgoals=np.asarray(subgoals_flat, dtype=np.int64),
+            has_subgoals=has_subgoals,
         )

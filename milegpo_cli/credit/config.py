@@ -7,7 +7,13 @@ from dataclasses import dataclass, fields
 DROPPABLE = ("reliability", "progress", "same-state", "branch", "traps", "milestones")
 NORMS = ("mean_std", "mean")
 EPISODE_STATS = ("rollouts", "steps")
-FORMULATIONS = ("ours", "paper")
+EPISODE_SCORES = ("outcome", "success")
+FORMULATIONS = ("v3", "v2", "paper")  # "ours" is accepted as the old name of "v2"
+PRESETS = ("", "verl-agent")
+# verl-agent's GiGPO conventions (DESIGN 7; gigpo/core_gigpo.py): statistics over step rows, one
+# normalisation mode for both levels, episode score 10 x success, invalid-format penalty 0.1 on that row.
+VERL_AGENT = {"episode_stats": "steps", "anchor_visits": False, "std_unbiased": True, "eps": 1e-6, "episode_score": "success",
+              "episode_scale": 10.0, "invalid_penalty": 0.1, "gamma": 0.95, "omega": 1.0}
 
 
 def canonical_drop(drop) -> frozenset[str]:
@@ -30,18 +36,26 @@ class CreditConfig:
     std_unbiased: bool = True  # torch.std default, as in verl-agent
     eps: float = 1e-6
     episode_scale: float = 1.0  # multiplies R_i before normalisation (verl-agent mean_norm uses 10 x success)
+    episode_score: str = "outcome"  # R_i = the outcome, or "success": the success indicator (verl-agent)
+    invalid_penalty: float = 0.0  # taken off the episode score and the discounted return of a step row
+    # flagged invalid (Rollout.invalid); 0 when the rewards already carry the penalty (our trainer)
+    similarity_thresh: float = 1.0  # anchor groups: 1 = exact key match; < 1 = verl-agent's greedy
+    # SequenceMatcher clustering (enable_similarity) at this ratio
+    anchor_visits: bool = True  # anchor group = (state, k-th visit in the rollout): identical rollouts
+    # give 0 even with loops; False = the state alone (verl-agent)
+    preset: str = ""  # "verl-agent": fix the fields of VERL_AGENT (the recipe keeps choosing the norm)
     success_threshold: float = 1.0  # success = outcome >= threshold when a rollout does not say
     gamma: float = 0.95
     omega: float = 1.0  # step advantage weight
-    # MileGPO, our formulation (DESIGN 2)
-    formulation: str = "ours"  # "ours" | "paper"
+    # MileGPO, v3 (docs/algorithms.md) and v2 (DESIGN 2): shared hyperparameters
+    formulation: str = "v3"  # "v3" | "v2" (alias "ours") | "paper"
     m_min: int = 2
     prior_strength: float = 2.0  # k of the empirical-Bayes Beta prior
     lambda_m: float = 0.5
-    lambda_t: float = 0.5
-    lambda_p: float = 2.0  # DESIGN starts at 0.5; 2.0 chosen from the credit diagnostics (docs/results_credit.md)
-    g_p: float = 0.0  # credit factor of a candidate that fails the progress gate
-    g_b: float = 0.0  # credit factor of a candidate that fails the same-state branch test
+    lambda_t: float = 1.0
+    lambda_p: float = 2.0  # chosen from the credit diagnostics (docs/algorithms.md "Choosing the defaults")
+    g_p: float = 0.5  # credit factor of a candidate that fails the progress gate (v2 as measured: 0)
+    g_b: float = 0.5  # credit factor of a candidate that fails the same-state branch test (v2 as measured: 0)
     # GraphGPO (DESIGN 8): step return c * gamma_G ** d
     graph_c: float = 10.0
     graph_gamma: float = 0.2
@@ -67,7 +81,15 @@ class CreditConfig:
     drop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name, allowed in (("episode_norm", NORMS), ("step_norm", NORMS),
+        if self.formulation == "ours":
+            object.__setattr__(self, "formulation", "v2")
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset: must be one of {', '.join(repr(p) for p in PRESETS)}, got {self.preset!r}")
+        if self.preset == "verl-agent":
+            for name, value in VERL_AGENT.items():
+                object.__setattr__(self, name, value)
+            object.__setattr__(self, "step_norm", self.episode_norm)  # verl-agent: one `mode` for both
+        for name, allowed in (("episode_norm", NORMS), ("step_norm", NORMS), ("episode_score", EPISODE_SCORES),
                               ("episode_stats", EPISODE_STATS), ("formulation", FORMULATIONS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}: must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -76,20 +98,23 @@ class CreditConfig:
             if f.type in ("float", float):
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                     raise ValueError(f"{f.name}: must be a finite number, got {v!r}")
-        if not isinstance(self.std_unbiased, bool):
-            raise ValueError(f"std_unbiased: must be a boolean, got {self.std_unbiased!r}")
+        for name in ("std_unbiased", "anchor_visits"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: must be a boolean, got {getattr(self, name)!r}")
         if isinstance(self.m_min, bool) or not isinstance(self.m_min, int) or self.m_min < 1:
             raise ValueError(f"m_min: must be an integer >= 1, got {self.m_min!r}")
         if self.eps <= 0:
             raise ValueError(f"eps: must be > 0, got {self.eps}")
         if self.prior_strength <= 0:
             raise ValueError(f"prior_strength: must be > 0, got {self.prior_strength}")
+        if not 0.0 < self.similarity_thresh <= 1.0:
+            raise ValueError(f"similarity_thresh: must be in (0, 1], got {self.similarity_thresh}")
         for name in ("gamma", "graph_gamma", "paper_omega"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name}: must be in [0, 1], got {getattr(self, name)}")
         if self.paper_omega <= 0:
             raise ValueError(f"paper_omega: must be > 0, got {self.paper_omega}")
-        for name in ("omega", "lambda_m", "lambda_t", "lambda_p", "g_p", "g_b", "graph_c", "paper_eta",
+        for name in ("omega", "invalid_penalty", "lambda_m", "lambda_t", "lambda_p", "g_p", "g_b", "graph_c", "paper_eta",
                      "paper_gamma_phi", "paper_lambda", "paper_w_plus", "paper_w_minus", "paper_w_pcc",
                      "paper_reject"):
             if getattr(self, name) < 0:

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .anchors import config_anchors
 from .batch import RolloutBatch
 from .config import CreditConfig
-from .grpo import episode_advantage, group_stats, normalise
+from .grpo import episode_advantage, group_stats, invalid_penalty, normalise
 from .result import CreditResult, make_result
 
 
@@ -23,16 +24,31 @@ def discounted_returns(reward: np.ndarray, offset: np.ndarray, length: np.ndarra
     return out
 
 
+def step_returns(batch: RolloutBatch, config: CreditConfig) -> np.ndarray:
+    """G_{i,t}, less ``invalid_penalty`` on a flagged row (verl-agent subtracts it from the row's
+    already discounted return, so it does not reach earlier steps)."""
+    return discounted_returns(batch.reward, batch.offset, batch.length, config.gamma) - invalid_penalty(batch, config)
+
+
 def anchor_normalise(values: np.ndarray, anchor: np.ndarray, num_anchors: int, config: CreditConfig) -> np.ndarray:
-    """Normalise per anchor group (exact state-key match within the group); singleton -> 0."""
+    """Normalise per anchor group (``anchors.step_anchors``); singleton -> 0."""
     n, mean, std = group_stats(values, anchor, num_anchors, config.std_unbiased)
     std[n <= 1] = 1.0
     return normalise(values, mean[anchor], std[anchor], config.step_norm, config.eps)
 
 
+def centre(x: np.ndarray, ids: np.ndarray, num_ids: int, groups: np.ndarray, num_groups: int) -> np.ndarray:
+    """x minus its mean over the anchor group (``ids``); over the rollout group for a singleton anchor.
+
+    The centring of the MileGPO credits: a group of identical rollouts gets 0 everywhere."""
+    count = np.bincount(ids, minlength=num_ids)
+    mean = np.bincount(ids, weights=x, minlength=num_ids) / np.maximum(count, 1)
+    g_mean = np.bincount(groups, weights=x, minlength=num_groups) / np.maximum(np.bincount(groups, minlength=num_groups), 1)
+    return x - np.where(count[ids] >= 2, mean[ids], g_mean[groups])
+
+
 def gigpo(batch: RolloutBatch, config: CreditConfig, drop: frozenset = frozenset()) -> CreditResult:
     """A_{i,t} = A^E_i + omega * A^S_{i,t}, A^S = anchor-normalised discounted return."""
-    rollout_adv = episode_advantage(batch, config)
-    returns = discounted_returns(batch.reward, batch.offset, batch.length, config.gamma)
-    step_adv = anchor_normalise(returns, batch.step_state, batch.num_states, config)
-    return make_result(batch.num_steps, rollout_adv[batch.step_rollout], rollout_adv, step_adv, config.omega)
+    rollout_adv, episode_step = episode_advantage(batch, config)
+    step_adv = anchor_normalise(step_returns(batch, config), *config_anchors(batch, config), config)
+    return make_result(batch.num_steps, episode_step, rollout_adv, step_adv, config.omega)

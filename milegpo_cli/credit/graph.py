@@ -59,6 +59,19 @@ def first_visits(batch: RolloutBatch) -> np.ndarray:
     return mask
 
 
+def revisited_later(batch: RolloutBatch) -> np.ndarray:
+    """True at step t when s_t is visited again later in the same rollout (t starts a loop)."""
+    n = batch.num_steps
+    mask = np.zeros(n, dtype=bool)
+    if n == 0:
+        return mask
+    key = (batch.step_rollout * batch.num_states + batch.step_state)[::-1]
+    _, last_rev = np.unique(key, return_index=True)
+    mask[:] = True
+    mask[n - 1 - last_rev] = False
+    return mask
+
+
 def stable_argsort(keys: np.ndarray, max_key: int) -> np.ndarray:
     """Stable argsort of non-negative integer keys by 16-bit radix passes (numpy radix-sorts uint16)."""
     if max_key < 1 << 16:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .anchors import config_anchors
 from .batch import RolloutBatch
 from .config import CreditConfig
 from .gigpo import anchor_normalise
@@ -24,7 +25,7 @@ def graph_return(graph: RolloutGraph, c: float, gamma_g: float) -> np.ndarray:
 
 def graphgpo(batch: RolloutBatch, config: CreditConfig, drop: frozenset = frozenset()) -> CreditResult:
     graph = build_graph(batch)
-    rollout_adv = episode_advantage(batch, config)
+    rollout_adv, episode_step = episode_advantage(batch, config)
     step_adv = anchor_normalise(graph_return(graph, config.graph_c, config.graph_gamma),
-                                batch.step_state, batch.num_states, config)
-    return make_result(batch.num_steps, rollout_adv[batch.step_rollout], rollout_adv, step_adv, config.omega)
+                                *config_anchors(batch, config), config)
+    return make_result(batch.num_steps, episode_step, rollout_adv, step_adv, config.omega)

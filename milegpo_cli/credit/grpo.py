@@ -9,12 +9,20 @@ from .result import CreditResult, make_result
 
 
 def group_stats(values: np.ndarray, groups: np.ndarray, num_groups: int, unbiased: bool):
-    """Count, mean and standard deviation of ``values`` per group id (two-pass, vectorised)."""
+    """Count, mean and standard deviation of ``values`` per group id (two-pass, vectorised).
+
+    Deviations are divided by their group's largest |deviation| before squaring, so the sum of
+    squares cannot overflow for any finite input (batch.MAX_MAGNITUDE bounds the values).
+    """
     n = np.bincount(groups, minlength=num_groups)
     mean = np.bincount(groups, weights=values, minlength=num_groups) / np.maximum(n, 1)
     dev = values - mean[groups]
-    ss = np.bincount(groups, weights=dev * dev, minlength=num_groups)
-    std = np.sqrt(ss / np.maximum(n - int(unbiased), 1))
+    scale = np.zeros(num_groups)
+    np.maximum.at(scale, groups, np.abs(dev))
+    scale[scale == 0] = 1.0
+    unit = dev / scale[groups]
+    ss = np.bincount(groups, weights=unit * unit, minlength=num_groups)
+    std = scale * np.sqrt(ss / np.maximum(n - int(unbiased), 1))
     return n, mean, std
 
 
@@ -23,27 +31,42 @@ def normalise(x: np.ndarray, mean: np.ndarray, std: np.ndarray, norm: str, eps: 
     return (x - mean) / (std + eps) if norm == "mean_std" else x - mean
 
 
-def episode_advantage(batch: RolloutBatch, config: CreditConfig) -> np.ndarray:
-    """A^E_i = (R_i - mean_g R) / (std_g R + eps), per rollout.
+def episode_score(batch: RolloutBatch, config: CreditConfig) -> np.ndarray:
+    """R_i per rollout: ``episode_scale`` x (the outcome, or the success indicator)."""
+    base = batch.outcome if config.episode_score == "outcome" else batch.success.astype(np.float64)
+    return config.episode_scale * base
+
+
+def invalid_penalty(batch: RolloutBatch, config: CreditConfig) -> np.ndarray:
+    """Per step row: ``invalid_penalty`` where the step is flagged invalid, else 0 (verl-agent)."""
+    if config.invalid_penalty == 0 or batch.step_invalid is None:
+        return np.zeros(batch.num_steps)
+    return config.invalid_penalty * batch.step_invalid
+
+
+def episode_advantage(batch: RolloutBatch, config: CreditConfig) -> tuple[np.ndarray, np.ndarray]:
+    """A^E = (R - mean_g R) / (std_g R + eps): (per rollout, per step row).
 
     Statistics over the rollouts of the group (``episode_stats="rollouts"``) or over its step rows
     (``"steps"``, verl-agent's default). A group with a single entry has mean 0 and std 1, as in
-    verl-agent (so its advantage is the raw scaled outcome).
+    verl-agent (so its advantage is the raw scaled outcome). A step row flagged invalid scores
+    R_i - invalid_penalty (verl-agent subtracts it from that row's token-level score); the per-rollout
+    value is the unpenalised one.
     """
-    score = config.episode_scale * batch.outcome
+    score = episode_score(batch, config)
+    row = score[batch.step_rollout] - invalid_penalty(batch, config)
     if config.episode_stats == "rollouts":
         n, mean, std = group_stats(score, batch.rollout_group, batch.num_groups, config.std_unbiased)
     else:
-        n, mean, std = group_stats(score[batch.step_rollout], batch.step_group, batch.num_groups,
-                                   config.std_unbiased)
+        n, mean, std = group_stats(row, batch.step_group, batch.num_groups, config.std_unbiased)
     single = n <= 1
     mean[single], std[single] = 0.0, 1.0
-    g = batch.rollout_group
-    return normalise(score, mean[g], std[g], config.episode_norm, config.eps)
+    g, sg = batch.rollout_group, batch.step_group
+    return (normalise(score, mean[g], std[g], config.episode_norm, config.eps),
+            normalise(row, mean[sg], std[sg], config.episode_norm, config.eps))
 
 
 def grpo(batch: RolloutBatch, config: CreditConfig, drop: frozenset = frozenset()) -> CreditResult:
     """A_{i,t} = A^E_i (GRPO is the omega = 0 case of DESIGN 2 (4))."""
-    rollout_adv = episode_advantage(batch, config)
-    return make_result(batch.num_steps, rollout_adv[batch.step_rollout], rollout_adv,
-                       np.zeros(batch.num_steps), 0.0)
+    rollout_adv, step_adv = episode_advantage(batch, config)
+    return make_result(batch.num_steps, step_adv, rollout_adv, np.zeros(batch.num_steps), 0.0)

@@ -1,4 +1,4 @@
-"""MileGPO, our formulation (DESIGN 2): Milestone Discovery, Reliability-Calibrated Shaping (RCS),
+"""MileGPO v2 (``formulation="v2"``, formerly "ours"; DESIGN 2 as written, measured in DESIGN 2.5): Milestone Discovery, Reliability-Calibrated Shaping (RCS),
 Progress-Contrastive Calibration (PCC), immediate calibrated credit in the step advantage.
 
     c_t   = p(u -> v) + [v a candidate first entered at t] * b(v) * gate_progress * gate_branch
@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import betainc
 
+from .anchors import config_anchors
 from .batch import RolloutBatch
 from .config import CreditConfig
 from .evidence import branch_evidence, discover, entry_steps, progress_verdict, state_evidence
-from .gigpo import anchor_normalise, discounted_returns
+from .gigpo import anchor_normalise, centre, step_returns
 from .graph import build_graph
 from .grpo import episode_advantage
 from .result import Candidate, CreditResult, make_result
@@ -24,7 +25,7 @@ def reliability(n_pos: np.ndarray, n_neg: np.ndarray, p_bar: np.ndarray, k: floa
     return 1.0 - 2.0 * betainc(k * p_bar + n_pos, k * (1.0 - p_bar) + n_neg, p_bar)
 
 
-def milegpo_ours(batch: RolloutBatch, config: CreditConfig, drop: frozenset) -> CreditResult:
+def milegpo_v2(batch: RolloutBatch, config: CreditConfig, drop: frozenset) -> CreditResult:
     graph = build_graph(batch)
     ev = state_evidence(batch, graph)
     s_count, n = batch.num_states, batch.num_steps
@@ -68,9 +69,10 @@ def milegpo_ours(batch: RolloutBatch, config: CreditConfig, drop: frozenset) -> 
     credit[at] += shaped_at
 
     # (4) Advantage: immediate credit added to the anchor-normalised return
-    rollout_adv = episode_advantage(batch, config)
-    returns = discounted_returns(batch.reward, batch.offset, batch.length, config.gamma)
-    step_adv = anchor_normalise(returns, batch.step_state, s_count, config) + credit
+    rollout_adv, episode_step = episode_advantage(batch, config)
+    anchor, num_anchors = config_anchors(batch, config)
+    credit = centre(credit, anchor, num_anchors, batch.step_group, batch.num_groups)
+    step_adv = anchor_normalise(step_returns(batch, config), anchor, num_anchors, config) + credit
 
     def per_candidate(x, mask=None):
         """Mean of x over each candidate's credited entries (restricted to mask); NaN if none."""
@@ -92,6 +94,6 @@ def milegpo_ours(batch: RolloutBatch, config: CreditConfig, drop: frozenset) -> 
     flags[1, at[~is_m]] = True
     if same_state:
         flags[2, at[~alternative]] = True
-    return make_result(n, rollout_adv[batch.step_rollout], rollout_adv, step_adv, config.omega,
+    return make_result(n, episode_step, rollout_adv, step_adv, config.omega,
                        credit=credit, milestone=flags[0], trap=flags[1], unverified=flags[2],
                        progress=progress, branch=branch.sign, candidates=candidates)

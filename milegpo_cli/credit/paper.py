@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .anchors import config_anchors
 from .batch import RolloutBatch
 from .config import CreditConfig
 from .evidence import branch_evidence, discover, entry_steps, progress_verdict, state_evidence
@@ -103,10 +104,11 @@ def milegpo_paper(batch: RolloutBatch, config: CreditConfig, drop: frozenset) ->
     credit = config.graph_c * config.paper_lambda * (inc_p - inc_m)
 
     r_g = graph_return(graph, config.graph_c, config.graph_gamma)
-    a_g = anchor_normalise(r_g, u, s, config)
-    a_mix = anchor_normalise(r_g + credit, u, s, config)
+    anchors = config_anchors(batch, config)
+    a_g = anchor_normalise(r_g, *anchors, config)
+    a_mix = anchor_normalise(r_g + credit, *anchors, config)
     step_adv = a_g + config.paper_eta * (a_mix - a_g)
-    rollout_adv = episode_advantage(batch, config)
+    rollout_adv, episode_step = episode_advantage(batch, config)
 
     kept_m, kept_t = bar_m > 0, bar_t > 0
     ms_step, tr_step = entry & kept_m[target], entry & kept_t[target]
@@ -132,7 +134,7 @@ def milegpo_paper(batch: RolloutBatch, config: CreditConfig, drop: frozenset) ->
                   credit=float(mean_credit[x]))
         for x in np.flatnonzero(kept_m | kept_t)
     ]
-    return make_result(batch.num_steps, rollout_adv[batch.step_rollout], rollout_adv, step_adv, config.omega,
+    return make_result(batch.num_steps, episode_step, rollout_adv, step_adv, config.omega,
                        credit=credit, milestone=ms_step, trap=tr_step, unverified=kept_step & ~has_sib,
                        progress=progress_verdict(batch, graph, ev), branch=branch_evidence(batch).sign,
                        candidates=candidates)

@@ -10,14 +10,18 @@ from .config import CreditConfig, canonical_drop
 from .gigpo import gigpo
 from .graphgpo import graphgpo
 from .grpo import grpo
-from .milegpo import milegpo_ours
+from .milegpo import milegpo_v2
+from .milegpo_v3 import milegpo_v3
 from .paper import milegpo_paper
 from .result import CreditResult
 
 
+FORMULATION = {"v3": milegpo_v3, "v2": milegpo_v2, "paper": milegpo_paper}
+
+
 def milegpo(batch: RolloutBatch, config: CreditConfig, drop: frozenset) -> CreditResult:
-    """MileGPO in the formulation the config selects (``ours``: DESIGN 2, ``paper``: DESIGN 8)."""
-    return (milegpo_ours if config.formulation == "ours" else milegpo_paper)(batch, config, drop)
+    """MileGPO in the formulation the config selects (v3: docs/algorithms.md, v2: DESIGN 2, paper: DESIGN 8)."""
+    return FORMULATION[config.formulation](batch, config, drop)
 
 
 ESTIMATORS: dict[str, Callable[[RolloutBatch, CreditConfig, frozenset], CreditResult]] = {
