@@ -1,4 +1,5 @@
 """MLflow mirror of a run, written to a temporary local sqlite store and read back with MlflowClient."""
+import json
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,8 @@ def test_run_params_metrics_artifacts(uri, tmp_path):
     assert [m.step for m in history] == list(range(1, 31))
     assert history[-1].value == pytest.approx(1.0)
     assert [a.path for a in client.list_artifacts(run_id, "plots")] == ["plots/curve.png"]
+    resolved = Path(client.download_artifacts(run_id, "config.json", str(tmp_path))).read_text()
+    assert json.loads(resolved) == config.to_dict()  # the nested params, kept whole
     beside_db = (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
     assert run.info.artifact_uri.startswith(beside_db)
 

@@ -1,15 +1,21 @@
-"""Checkpoints: atomic write, sha256 manifest verified on load, keep-last-K, RNG round trip."""
+"""Checkpoints: atomic write, sha256 manifest verified on load, keep-last-K, RNG round trip, and
+trainer.pt / rng.pt read as plain data only (a pickled callable is refused, also by `train --resume`)."""
 from __future__ import annotations
 
+import json
 import random
+import sqlite3
 
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from milegpo_cli.cli import app
 from milegpo_cli.policy import Policy
-from milegpo_cli.trainer.checkpoint import (CheckpointError, find_checkpoint, latest_checkpoint, list_checkpoints,
-                                            load_checkpoint, save_checkpoint, set_rng_state)
+from milegpo_cli.trainer.checkpoint import (MANIFEST, CheckpointError, find_checkpoint, latest_checkpoint,
+                                            list_checkpoints, load_checkpoint, save_checkpoint, set_rng_state,
+                                            sha256_file)
 
 torch.set_num_threads(1)
 CORPUS = ["go to desk 1", "take apple 1 from desk 1", "You are in the middle of a room.", "open fridge 1"]
@@ -80,3 +86,62 @@ def test_same_iteration_rewritten_replaces_it(policy, tmp_path):
     assert len(list_checkpoints(tmp_path)) == 1 and latest_checkpoint(tmp_path).state["v"] == 2
     with pytest.raises(CheckpointError, match="keep"):
         save_checkpoint(tmp_path, 3, policy, state, {}, keep=0)
+
+
+class Payload:
+    """Pickles as a call of ``open(marker, "w")``: loading it unsafely creates ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def plant(checkpoint, name: str, payload) -> None:
+    """Add ``payload`` to ``name`` in a checkpoint and re-sign the manifest, as an attacker would."""
+    state = torch.load(checkpoint / name, weights_only=False)
+    torch.save({**state, "extra": payload}, checkpoint / name)
+    manifest = json.loads((checkpoint / MANIFEST).read_text())
+    manifest["files"][name] = sha256_file(checkpoint / name)
+    (checkpoint / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("name", ["trainer.pt", "rng.pt"])
+def test_pickled_callable_is_refused(policy, tmp_path, name):
+    path = save_checkpoint(tmp_path / "ck", 1, policy, trainer_state(policy), {}, keep=1)
+    marker = tmp_path / "pwned"
+    plant(path, name, Payload(marker))
+    refused = rf"{name} holds more than tensors and plain data, refused \(it imports io.open\)"
+    with pytest.raises(CheckpointError, match=refused):
+        load_checkpoint(path)
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_train_resume_refuses_a_tampered_trainer_state(tmp_path):
+    """Train 1 iteration, plant a callable in trainer.pt (manifest re-signed): `train --resume` exits
+    2 with one line, runs nothing, and leaves the store as it was."""
+    tiny = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",
+            "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
+            "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "rollout.train_tasks=8",
+            "eval.episodes=2", "eval.splits=['id']", "env.max_steps=3", "env.webshop.num_products=300",
+            "env.webshop.train_instructions=80", "env.webshop.eval_instructions=8", "run.iterations=1",
+            "checkpoint.every=1", "warmstart.enabled=false"]
+    runner = CliRunner()
+    result = runner.invoke(app, ["train", "-r", "webshop", *[a for kv in tiny for a in ("--set", kv)],
+                                 "--runs-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    marker = tmp_path / "pwned"
+    plant(tmp_path / "checkpoints" / "run_1" / "iter_000001", "trainer.pt", Payload(marker))
+    con = sqlite3.connect(tmp_path / "milegpo.db")
+    rows = lambda: [con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]  # noqa: E731
+                    for t in ("iterations", "episodes", "steps", "evaluations", "checkpoints")]
+    before = rows()
+    result = runner.invoke(app, ["train", "--resume", "1", "--runs-dir", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: checkpoint "), lines
+    assert "trainer.pt holds more than tensors and plain data, refused" in lines[0]
+    assert not marker.exists() and rows() == before
+    con.close()

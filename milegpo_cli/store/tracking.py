@@ -76,13 +76,15 @@ class Tracker:
 
     def start_run(self, name: str, params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
                   parent_run_id: str | None = None) -> str:
-        """Create the MLflow run; ``params`` may be nested (the resolved config) and are flattened."""
+        """Create the MLflow run; ``params`` may be nested (the resolved config): flattened as params,
+        and kept whole as the artifact ``config.json``."""
         tags = {k: str(v) for k, v in (tags or {}).items()}
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         self.run_id = run.info.run_id
         self.log_params(params or {})
+        self.client.log_dict(self.run_id, dict(params or {}), "config.json")
         return self.run_id
 
     def resume(self, run_id: str) -> str:

@@ -13,12 +13,18 @@ the folder is renamed to its final name (rename is atomic on POSIX) and the pare
 killed writer leaves only a ``.tmp-*`` folder, which is never listed and is swept on the next
 save. Loading verifies every hash in the manifest first and refuses a mismatch with
 :class:`CheckpointError`; a checkpoint is never partly loaded.
+
+``trainer.pt`` and ``rng.pt`` are read with ``torch.load(weights_only=True)``: tensors, numbers,
+strings and plain containers only, plus exactly what numpy's RNG state needs (:data:`_RNG_GLOBALS`),
+so a checkpoint someone else wrote cannot run code when it is resumed; anything else (a pickled
+callable, say) is refused with :class:`CheckpointError`.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -32,9 +38,16 @@ import torch
 from milegpo_cli.errors import MilegpoError
 from envs.faults import fault_point
 
+try:
+    from numpy._core.multiarray import _reconstruct
+except ImportError:  # numpy < 2
+    from numpy.core.multiarray import _reconstruct
+
 MANIFEST = "manifest.json"
 FORMAT = 1
 _NAME = re.compile(r"^iter_(\d{6,})$")
+# numpy.random.get_state() holds a uint32 ndarray; optimizer and LambdaLR states need nothing beyond torch's defaults
+_RNG_GLOBALS = [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
 class CheckpointError(MilegpoError, RuntimeError):
@@ -160,6 +173,18 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
     return manifest
 
 
+def _load_state(file: Path) -> Any:
+    """``torch.load`` restricted to plain data (module docstring); CheckpointError otherwise."""
+    try:
+        with torch.serialization.safe_globals(_RNG_GLOBALS):
+            return torch.load(file, weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL (\S+)", str(err))  # the callable or class torch refused to import
+        why = f"it imports {found.group(1)}" if found else str(err).splitlines()[0]
+        raise CheckpointError(f"checkpoint {file.parent}: {file.name} holds more than tensors and plain data, "
+                              f"refused ({why})") from err
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
     """Verify, then read a checkpoint (the policy itself is loaded by the caller from ``policy_dir``)."""
     path = Path(path)
@@ -171,8 +196,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         path=path,
         iteration=int(manifest["iteration"]),
         policy_dir=path / "policy",
-        trainer_state=torch.load(path / "trainer.pt", weights_only=False),
-        rng_state=torch.load(path / "rng.pt", weights_only=False),
+        trainer_state=_load_state(path / "trainer.pt"),
+        rng_state=_load_state(path / "rng.pt"),
         state=state,
     )
 
