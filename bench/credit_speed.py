@@ -65,7 +65,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "credit_speed.csv"))
     args = ap.parse_args()
-    variants = [("grpo", "ours"), ("gigpo", "ours"), ("graphgpo", "ours"), ("milegpo", "ours"), ("milegpo", "paper")]
+    variants = [("grpo", "v3"), ("gigpo", "v3"), ("graphgpo", "v3"), ("milegpo", "v3"), ("milegpo", "v2"),
+                ("milegpo", "paper")]
     rows = []
     for size in args.sizes:
         rollouts = synthetic_rollouts(size)
@@ -81,10 +82,10 @@ def main() -> None:
             times[(algo, form)] = best_time(lambda: compute_advantages(batch, algo, cfg), args.repeats)
         for (algo, form), sec in times.items():
             rows.append({"steps": n, "algo": algo, "formulation": form, "seconds": sec, "steps_per_s": n / sec,
-                         "ratio_to_gigpo": sec / times[("gigpo", "ours")],
-                         "ratio_to_gigpo_with_build": (build + sec) / (build + times[("gigpo", "ours")])})
-        line = "  ".join(f"{a}{'/paper' if f == 'paper' else ''} {n / s:,.0f}/s" for (a, f), s in times.items())
-        mile, gig = times[("milegpo", "ours")], times[("gigpo", "ours")]
+                         "ratio_to_gigpo": sec / times[("gigpo", "v3")],
+                         "ratio_to_gigpo_with_build": (build + sec) / (build + times[("gigpo", "v3")])})
+        line = "  ".join(f"{a}{'/' + f if a == 'milegpo' else ''} {n / s:,.0f}/s" for (a, f), s in times.items())
+        mile, gig = times[("milegpo", "v3")], times[("gigpo", "v3")]
         print(f"{n:>9,} steps ({batch.num_groups} groups)  build {n / build:,.0f}/s  {line}  milegpo/gigpo {mile / gig:.2f}"
               f" (with batch build {(build + mile) / (build + gig):.2f})", flush=True)
     out = Path(args.out)

@@ -106,7 +106,7 @@ def test_formulation_switches_only_on_a_clear_win_everywhere():
     win = {"value": 0.02, "low": 0.01, "high": 0.03}
     unclear = {"value": 0.02, "low": -0.01, "high": 0.05}
     loss = {"value": -0.02, "low": -0.03, "high": -0.01}
-    assert cb.choose_formulation({"alfworld": win, "webshop": win}, "ours") == "paper"
-    assert cb.choose_formulation({"alfworld": win, "webshop": unclear}, "ours") == "ours"
-    assert cb.choose_formulation({"alfworld": loss, "webshop": loss}, "paper") == "ours"
+    assert cb.choose_formulation({"alfworld": win, "webshop": win}, "v3") == "paper"
+    assert cb.choose_formulation({"alfworld": win, "webshop": unclear}, "v3") == "v3"
+    assert cb.choose_formulation({"alfworld": loss, "webshop": loss}, "paper") == "v3"
     assert cb.choose_formulation({"alfworld": win}, "paper") == "paper"

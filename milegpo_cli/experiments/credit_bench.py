@@ -38,6 +38,7 @@ from milegpo_cli.experiments.diagnostics import entered_keys, milestone_match
 from milegpo_cli.experiments.stats import CONFIDENCE, Estimate
 
 P_VALUES = (0.25, 0.5, 0.75)
+V2_AS_MEASURED = {"formulation": "v2", "lambda_p": 2.0, "lambda_m": 0.5, "lambda_t": 0.5, "g_p": 0.0, "g_b": 0.0}
 ABLATIONS = ("reliability", "progress", "same-state", "traps", "milestones")
 PAPER_ETA = {"alfworld": 0.2, "webshop": 1.0}  # DESIGN 8: eta per environment
 
@@ -176,16 +177,18 @@ class Variant:
 
 def default_variants(env: str, config: CreditConfig | None = None, ablations: Sequence[str] = ABLATIONS,
                      candidate: dict | None = None) -> list[Variant]:
-    """Baselines, MileGPO ours and paper (the paper's eta for ``env``), and each single ablation;
-    ``candidate`` (CreditConfig overrides of ours) adds a row ``milegpo[k=v,...]`` paired against
-    GraphGPO, the strongest baseline."""
+    """Baselines, MileGPO v3 (``config``: the recipe's own [credit] settings), v2 as measured in
+    DESIGN 2.5 and the paper formulation (the paper's eta for ``env``), each with its single ablations;
+    ``candidate`` (CreditConfig overrides of v3) adds a row ``milegpo[k=v,...]`` paired against
+    GraphGPO, the strongest baseline. MileGPO v3 itself is paired against GraphGPO too."""
     base = config or CreditConfig()
-    ours = replace(base, formulation="ours")
+    ours = replace(base, formulation="v3")
+    v2 = replace(base, **V2_AS_MEASURED)
     paper = replace(base, formulation="paper", paper_eta=PAPER_ETA.get(env, base.paper_eta))
     out = [Variant("grpo", "grpo", config=base), Variant("gigpo", "gigpo", config=base),
            Variant("graphgpo", "graphgpo", config=base, reference="gigpo")]
-    for tag, cfg in (("milegpo", ours), ("milegpo-paper", paper)):
-        out.append(Variant(tag, "milegpo", config=cfg, reference="gigpo"))
+    for tag, cfg, ref in (("milegpo", ours, "graphgpo"), ("milegpo-v2", v2, "gigpo"), ("milegpo-paper", paper, "gigpo")):
+        out.append(Variant(tag, "milegpo", config=cfg, reference=ref))
         out += [Variant(f"{tag}-no-{d}", "milegpo", frozenset({d}), cfg, reference=tag) for d in ablations]
     if candidate:
         label = ",".join(f"{k}={v:g}" for k, v in candidate.items())
@@ -353,19 +356,26 @@ def _flat(key: str, est: Estimate | None) -> dict:
 
 
 def subsets(rec: Recording) -> Iterator[tuple[str, Recording]]:
-    """("p=0.25", ...) per behaviour p, then ("all", everything)."""
+    """("p=0.25", ...) per behaviour p, ("all", everything), then ("all-fail", the groups in which
+    no rollout succeeded) when there are any."""
     for p in sorted(set(rec.p.tolist())):
         yield f"p={p:g}", rec.subset(rec.p == p)
     yield "all", rec
+    won: dict[str, bool] = {}
+    for r in rec.rollouts:
+        won[r.group] = won.get(r.group, False) or bool(r.success)
+    all_fail = np.array([not won[r.group] for r in rec.rollouts], dtype=bool)
+    if all_fail.any():
+        yield "all-fail", rec.subset(all_fail)
 
 
 def sweep(rec: Recording, env: str, grid: dict[str, Sequence[float]], *, base: CreditConfig | None = None,
           n_resamples: int = 200, seed: int = 0) -> list[dict]:
     """One-at-a-time sweep of CreditConfig fields for MileGPO (``paper_*`` fields: paper formulation,
-    others: ours); each row's dAUC is paired against the same formulation at the base values."""
+    others: v3); each row's dAUC is paired against the same formulation at the base values."""
     base = base or CreditConfig()
     rows = []
-    for form in ("ours", "paper"):
+    for form in ("v3", "paper"):
         cfg0 = replace(base, formulation=form, paper_eta=PAPER_ETA.get(env, base.paper_eta) if form == "paper"
                        else base.paper_eta)
         ref = Variant(f"{form}:base", "milegpo", config=cfg0)
@@ -432,10 +442,10 @@ def _est(e: dict, nd: int = 3) -> str:
     return f"{e['value']:+.{nd}f} [{e['low']:+.{nd}f}, {e['high']:+.{nd}f}]"
 
 
-def choose_formulation(pairs: dict[str, dict], current: str = "ours") -> str:
-    """Switch from ``current`` only when the pooled paired dAUC (paper - ours) favours the other
+def choose_formulation(pairs: dict[str, dict], current: str = "v3") -> str:
+    """Switch from ``current`` only when the pooled paired dAUC (paper - v3) favours the other
     formulation in every environment with a 95 % interval that excludes 0; else keep ``current``."""
-    other = "paper" if current == "ours" else "ours"
+    other = "paper" if current != "paper" else "v3"
     sign = 1.0 if other == "paper" else -1.0
     wins = [sign * p["low"] > 0 if sign > 0 else sign * p["high"] > 0 for p in pairs.values()]
     return other if pairs and all(wins) else current
@@ -476,8 +486,9 @@ def render_markdown(results: dict) -> str:
             L.append(f"| {r['method']} | {_ci(r, 'auc')} | {_ci(r, 'sign_acc')} | {_ci(r, 'ms_precision')} | "
                      f"{_ci(r, 'ms_recall')} | {_fmt(r['milestones'], 0)} | {_fmt(r['tie_share'])} | "
                      f"{_ci(r, 'd_auc')} | {r['reference'] or '–'} | {_fmt(r['credit_ms'], 1)} |")
-        subs = [s["subset"] for s in e["recording"] if s["subset"] != "all"]
-        L += ["", f"## {env}: by behaviour p (AUC [95 % CI]; tie share)", "",
+        scored = {x["subset"] for x in e["rows"]}
+        subs = [s["subset"] for s in e["recording"] if s["subset"] != "all" and s["subset"] in scored]
+        L += ["", f"## {env}: by behaviour p and in the groups without a success (AUC [95 % CI]; tie share)", "",
               "| method | " + " | ".join(subs) + " |", "|---|" + "---|" * len(subs)]
         for name in [r["method"] for r in rows]:
             cells = []
@@ -494,7 +505,7 @@ def render_markdown(results: dict) -> str:
                 cells.append(f"{_fmt(r['ms_precision'], 2)} / {_fmt(r['ms_recall'], 2)}")
             L.append(f"| {name} | " + " | ".join(cells) + " |")
         L.append("")
-    L += ["## Formulation: paper − ours (paired dAUC of the total advantage)", "",
+    L += ["## Formulation: paper − v3 (paired dAUC of the total advantage)", "",
           "| env | " + " | ".join(next(iter(envs.values()))["pairs"]) + " |",
           "|---|" + "---|" * len(next(iter(envs.values()))["pairs"])]
     for env, e in envs.items():
