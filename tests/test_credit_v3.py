@@ -210,3 +210,19 @@ def test_large_but_accepted_values_stay_finite():
         for f in ("v3", "v2", "paper"):
             res = compute_advantages(b, algo, CreditConfig(formulation=f, episode_scale=1e6))
             assert np.isfinite(res.advantage).all()
+
+
+def test_oracle_milestones_reference():
+    def rollouts(same):
+        out = []
+        for i in range(3):
+            good = same or i == 0
+            out.append(Rollout("g", i, ["s0", "s1" if good else "x"], ["a" if good else "b", "c"], [0.0, 0.0], 0.0,
+                               subgoals=[["take apple"] if good else [], []]))
+        return RolloutBatch.from_rollouts(out)
+    res = compute_advantages(rollouts(False), "oracle-milestones", CreditConfig())
+    assert res.advantage[0] > 0 > res.advantage[2] and res.milestone[0] and not res.milestone[2]
+    assert np.allclose(compute_advantages(rollouts(True), "oracle-milestones", CreditConfig()).advantage, 0.0)
+    with pytest.raises(CreditError, match="^subgoals:"):
+        compute_advantages(RolloutBatch.from_rollouts([Rollout("g", 0, ["s"], ["a"], [0.0], 0.0)]),
+                           "oracle-milestones", CreditConfig())

@@ -12,6 +12,7 @@ from .graphgpo import graphgpo
 from .grpo import grpo
 from .milegpo import milegpo_v2
 from .milegpo_v3 import milegpo_v3
+from .oracle import oracle_milestones
 from .paper import milegpo_paper
 from .result import CreditResult
 
@@ -27,7 +28,9 @@ def milegpo(batch: RolloutBatch, config: CreditConfig, drop: frozenset) -> Credi
 ESTIMATORS: dict[str, Callable[[RolloutBatch, CreditConfig, frozenset], CreditResult]] = {
     "grpo": grpo, "gigpo": gigpo, "graphgpo": graphgpo, "milegpo": milegpo,
 }
-ALGORITHMS = tuple(ESTIMATORS)
+ALGORITHMS = tuple(ESTIMATORS)  # trainable (milegpo_cli.config.ALGORITHMS)
+DIAGNOSTIC = {"oracle-milestones": oracle_milestones}  # needs the true subgoals: reference rows only
+ESTIMATORS.update(DIAGNOSTIC)
 
 
 def compute_advantages(batch: RolloutBatch, algo: str, config: CreditConfig | None = None,
@@ -38,7 +41,7 @@ def compute_advantages(batch: RolloutBatch, algo: str, config: CreditConfig | No
     have no components and ignore it (so an ablation sweep can run its baselines unchanged).
     """
     if algo not in ESTIMATORS:
-        raise ValueError(f"algo: unknown algorithm {algo!r}; allowed: {', '.join(ALGORITHMS)}")
+        raise ValueError(f"algo: unknown algorithm {algo!r}; allowed: {', '.join(ESTIMATORS)}")
     config = config or CreditConfig()
     dropped = canonical_drop(drop) | canonical_drop(config.drop)
     if not np.isfinite(batch.outcome).all() or not np.isfinite(batch.reward).all():

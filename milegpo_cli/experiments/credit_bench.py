@@ -186,7 +186,8 @@ def default_variants(env: str, config: CreditConfig | None = None, ablations: Se
     v2 = replace(base, **V2_AS_MEASURED)
     paper = replace(base, formulation="paper", paper_eta=PAPER_ETA.get(env, base.paper_eta))
     out = [Variant("grpo", "grpo", config=base), Variant("gigpo", "gigpo", config=base),
-           Variant("graphgpo", "graphgpo", config=base, reference="gigpo")]
+           Variant("graphgpo", "graphgpo", config=base, reference="gigpo"),
+           Variant("oracle-milestones", "oracle-milestones", config=base, reference="gigpo")]
     for tag, cfg, ref in (("milegpo", ours, "graphgpo"), ("milegpo-v2", v2, "gigpo"), ("milegpo-paper", paper, "gigpo")):
         out.append(Variant(tag, "milegpo", config=cfg, reference=ref))
         out += [Variant(f"{tag}-no-{d}", "milegpo", frozenset({d}), cfg, reference=tag) for d in ablations]
@@ -214,7 +215,8 @@ class Recording:
             steps = r["steps"]
             rollouts.append(Rollout(group=r["group"], rollout_id=r["rollout"], states=[s["state"] for s in steps],
                                     actions=[s["action"] for s in steps], rewards=[s["reward"] for s in steps],
-                                    outcome=r["outcome"], success=r["success"]))
+                                    outcome=r["outcome"], success=r["success"],
+                                    subgoals=[s["subgoals"] for s in steps]))
             good += [s["oracle_good"] for s in steps]
             sub += [s["subgoals"] for s in steps]
             p.append(r["p"])
