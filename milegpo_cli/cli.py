@@ -185,7 +185,7 @@ def credit(input_arg: Annotated[Optional[Path], typer.Argument(
                metavar="INPUT", exists=True, dir_okay=False, hidden=True)] = None,
            input_opt: Annotated[Optional[Path], typer.Option(
                "--input", "-i", metavar="FILE", exists=True, dir_okay=False,
-               help="Rollouts, JSON Lines (docs/rollouts.md); the same as INPUT.")] = None,
+               help="Rollouts, JSON Lines (docs/rollouts.md) [default: the INPUT argument].")] = None,
            output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE", help="Per-step advantages, JSON Lines.")] = ...,
            algo: Annotated[str, typer.Option("--algo", metavar="ALGO", help="grpo, gigpo, graphgpo or milegpo.")] = "milegpo",
            drop: DropOpt = None,

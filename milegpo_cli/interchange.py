@@ -21,6 +21,16 @@ from .credit.result import Candidate, CreditResult
 from .errors import MilegpoError
 
 
+# estimators whose step advantage uses the step rewards, and what all-zero rewards leave of them
+ZERO_REWARDS = {"gigpo": "GiGPO's step returns are all 0, so it equals GRPO",
+                "milegpo": "MileGPO's step returns are all 0, only its milestone / trap credit is left per step"}
+
+
+def zero_rewards_warning(algo: str) -> str:
+    return (f"every step reward is 0: {ZERO_REWARDS[algo]}; put the episode's reward on its last step "
+            "(steps[-1].reward, docs/rollouts.md)")
+
+
 class InterchangeError(MilegpoError, ValueError):
     """A malformed interchange line; names the line number and the field."""
 
@@ -168,7 +178,8 @@ def run_credit_file(input_path: str | Path, output_path: str | Path, algo: str, 
                     overrides: dict | None = None, milestones_path: str | Path | None = None) -> dict:
     """Read rollouts, compute ``algo``'s advantages, write per-step lines (and candidate sets).
 
-    Nothing is written unless every step succeeds. Returns a summary dict.
+    Nothing is written unless every step succeeds. Returns a summary dict; its "warnings" (when
+    present) name inputs that make the estimator degenerate (all step rewards 0).
     """
     config = credit_config(overrides or {})
     rollouts = read_rollouts(input_path)
@@ -187,6 +198,9 @@ def run_credit_file(input_path: str | Path, output_path: str | Path, algo: str, 
     os.replace(tmp_out, output_path)
     if tmp_ms is not None:
         os.replace(tmp_ms, milestones_path)
-    return {"groups": batch.num_groups, "rollouts": batch.num_rollouts, "steps": batch.num_steps,
-            "milestones": sum(c.kind == "milestone" for c in result.candidates),
-            "traps": sum(c.kind == "trap" for c in result.candidates)}
+    summary = {"groups": batch.num_groups, "rollouts": batch.num_rollouts, "steps": batch.num_steps,
+               "milestones": sum(c.kind == "milestone" for c in result.candidates),
+               "traps": sum(c.kind == "trap" for c in result.candidates)}
+    if algo in ZERO_REWARDS and batch.num_steps and not batch.reward.any():
+        summary["warnings"] = [zero_rewards_warning(algo)]
+    return summary

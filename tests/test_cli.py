@@ -1,5 +1,7 @@
 """The CLI through Typer's CliRunner and as a subprocess of the installed ``milegpo`` script."""
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -135,3 +137,140 @@ def test_credit_bad_input_is_one_line_exit_2(tmp_path, bad_line, sets, message):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), lines
     assert not out.exists()
+
+
+# --- --json: one document on stdout, nothing else there (docs/cli.md) -----------------------------
+def test_runs_json_is_a_list_empty_on_an_empty_store(tmp_path):
+    result = runner.invoke(app, ["runs", "--json", "--runs-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == []
+
+
+def test_runs_and_runs_show_json(tmp_path):
+    db = tmp_path / "x.db"
+    with RunStore(db) as store:
+        rid = store.create_run("alfworld-gigpo-s2", "gigpo", seed=2, drop=["progress"], config={"run": {"seed": 2}})
+        store.record_iteration(rid, 1, {"approx_kl": 0.01},
+                               [EpisodeRecord("t", "train", "pick", "g0", i, 1.0, True, 4) for i in range(2)])
+        store.record_evaluation(rid, "id", {}, [EpisodeRecord("t", "id", "pick", "e", i, float(i < 3), i < 3, 9)
+                                                for i in range(10)], iteration=0)
+        store.record_evaluation(rid, "ood", {"probe": 0.5}, [EpisodeRecord("t", "ood", "pick", "e", 0, 0.0, False, 9)],
+                                iteration=1)
+    env = {"MILEGPO_DB": str(db), "COLUMNS": "80"}
+    listed = runner.invoke(app, ["runs", "--json"], env=env)
+    assert listed.exit_code == 0, listed.output
+    (row,) = json.loads(listed.stdout)
+    assert row["id"] == rid and row["drop"] == ["progress"] and row["iterations"] == 1
+    assert row["last_success_rate"] == 1.0 and row["created_at"].startswith("20")
+    shown = runner.invoke(app, ["runs", "show", str(rid), "--json"], env=env)
+    assert shown.exit_code == 0, shown.output
+    doc = json.loads(shown.stdout)
+    assert set(doc) == {"run", "iterations", "evaluations"}
+    assert doc["run"]["name"] == "alfworld-gigpo-s2" and doc["run"]["config"] == {"run": {"seed": 2}}
+    (it,) = doc["iterations"]
+    assert {k: it[k] for k in ("iteration", "episodes", "success_rate")} == {"iteration": 1, "episodes": 2,
+                                                                                "success_rate": 1.0}
+    assert it["metrics"]["approx_kl"] == 0.01 and "mean_outcome" in it
+    first, second = doc["evaluations"]
+    assert (first["iteration"], first["phase"], first["split"], first["episodes"]) == (0, "untrained", "id", 10)
+    assert first["success_rate"] == pytest.approx(0.3)
+    assert first["success_ci"] == pytest.approx([0.1078, 0.6032], abs=1e-4)  # Wilson, 3 of 10
+    assert (second["phase"], second["metrics"]) == ("train", {"probe": 0.5})
+    table = runner.invoke(app, ["runs", "show", str(rid)], env=env)
+    assert "untrained" in table.stdout and "10.8-60.3%" in table.stdout  # the same interval, in the table
+
+
+def experiment_store(db):
+    with RunStore(db) as store:
+        exp = store.create_experiment("e")
+        for algo, wins in (("gigpo", 1), ("milegpo", 2)):
+            rid = store.create_run(f"{algo}-s0", algo, seed=0, experiment_id=exp,
+                                   config={"env": {"name": "alfworld"}, "store": {"root": str(db.parent)}})
+            store.record_iteration(rid, 1, {"steps": 10.0})
+            for split in ("id", "ood"):
+                store.record_evaluation(rid, split, {}, [EpisodeRecord(f"{split}{i}", split, "pick", "e", 0,
+                                                                       float(i < wins), i < wins, 5)
+                                                         for i in range(4)], iteration=1)
+    return exp
+
+
+@pytest.mark.parametrize("args", [["report", "--json"], ["report", "--format", "json"], ["compare", "1", "2", "--json"]])
+def test_report_and_compare_json(tmp_path, args):
+    experiment_store(tmp_path / "x.db")
+    result = runner.invoke(app, [*args, "--db", str(tmp_path / "x.db"), "--out", str(tmp_path / "plots")],
+                           env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["plots"] and all(Path(p).exists() for p in doc["plots"])
+    if args[0] == "report":
+        assert doc["methods"]["milegpo"]["metrics"]["success"]["id"]["mean"]["value"] == 0.5
+        assert doc["methods"]["milegpo"]["episodes"] == {"id": [4], "ood": [4]}
+    else:
+        assert [r["method"] for r in doc["runs"]] == ["gigpo", "milegpo"]
+        assert doc["runs"][1]["id"]["final_success"] == 0.5
+
+
+def test_json_and_another_format_is_a_usage_error(tmp_path):
+    result = runner.invoke(app, ["report", "--json", "--format", "md", "--runs-dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: --json and --format md exclude each other"
+
+
+# --- help text ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c not in ("runs", "envs")] + ["runs", "runs show",
+                                                                                       "envs generate"])
+def test_help_has_plain_metavars_and_every_default(command):
+    result = runner.invoke(app, [*command.split(), "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert not re.search(r"<(str|int|bool|path|file|list\[\w+\])>", text), text
+    assert "  key" not in text and "store ." not in text  # nothing eaten as markup
+    assert all(len(line) <= 80 for line in text.splitlines())
+    options = [o for o in re.split(r"\n(?=  -)", text.split("Options:", 1)[1].split("Commands:")[0]) if o.strip()]
+    assert options
+    for opt in options:  # every option that takes a value and is not required shows its default
+        takes_value = re.match(r"\s*(-\w+, )?--?[\w-]+ \S+", opt)
+        if takes_value and "[required]" not in opt:
+            assert "default:" in " ".join(opt.split()), opt
+
+
+def test_command_list_is_not_cut_at_80_columns():
+    result = runner.invoke(app, ["--help"], env={"COLUMNS": "80"})
+    assert "..." not in result.output.split("Commands:", 1)[1]
+
+
+# --- credit: INPUT or --input, all-zero step rewards ---------------------------------------------
+def test_credit_takes_input_as_option_or_argument(tmp_path):
+    rollouts = rollouts_file(tmp_path / "r.jsonl")
+    by_option = runner.invoke(app, ["credit", "--input", str(rollouts), "-o", str(tmp_path / "a.jsonl")])
+    by_argument = runner.invoke(app, ["credit", str(rollouts), "-o", str(tmp_path / "b.jsonl")])
+    assert by_option.exit_code == by_argument.exit_code == 0, by_option.output + by_argument.output
+    assert (tmp_path / "a.jsonl").read_text() == (tmp_path / "b.jsonl").read_text() != ""
+    assert "warning" not in by_option.stderr  # the rollouts carry step rewards
+    for args in ([], [str(rollouts), "--input", str(rollouts)]):
+        result = runner.invoke(app, ["credit", *args, "-o", str(tmp_path / "c.jsonl")])
+        assert result.exit_code == 2
+        assert result.stderr.strip() == "error: credit: give the rollouts file once, as INPUT or as --input FILE"
+    assert "--input FILE" in runner.invoke(app, ["credit", "--help"]).output
+    assert "--input FILE" in (Path(__file__).parents[1] / "docs" / "rollouts.md").read_text()
+
+
+@pytest.mark.parametrize("algo, warned", [("gigpo", True), ("milegpo", True), ("grpo", False)])
+def test_credit_warns_once_when_every_step_reward_is_zero(tmp_path, algo, warned):
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join('{"group": "g", "rollout": %d, "outcome": %d, "steps": [{"state": "s0", "action": "a%d"}]}\n'
+                            % (i, i % 2, i % 2) for i in range(4)))
+    result = runner.invoke(app, ["credit", str(path), "-o", str(tmp_path / "a.jsonl"), "--algo", algo])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(lines) == int(warned)
+    if warned:
+        assert "steps[-1].reward" in lines[0] and "every step reward is 0" in lines[0]
+        assert "warning" not in result.stdout
+
+
+def test_ppo_config_error_is_a_user_error():
+    from milegpo_cli.errors import MilegpoError
+    from milegpo_cli.trainer.ppo import PPOConfigError
+
+    assert issubclass(PPOConfigError, MilegpoError)

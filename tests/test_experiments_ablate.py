@@ -23,7 +23,7 @@ TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.n
         "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=4", "ppo.epochs=1",
         "eval.episodes=4", "eval.every=1", "checkpoint.every=1", "run.iterations=1", "run.threads=1",
         "env.max_steps=4", "env.webshop.num_products=300", "env.webshop.train_instructions=40", "rollout.train_tasks=16",
-        "env.webshop.eval_instructions=8"]
+        "env.webshop.eval_instructions=8", "base.enabled=false", "eval.probe_states=6"]
 
 
 def quiet() -> Console:

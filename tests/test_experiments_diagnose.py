@@ -1,5 +1,6 @@
 """diagnose on a run written through the real RunStore from constructed rollouts."""
 import json
+import os
 
 import matplotlib.image as mpimg
 import numpy as np
@@ -96,3 +97,31 @@ def test_compare_estimators_matches_direct_recomputation():
     with pytest.raises(D.DiagnosticsError, match="labels"):
         D.compare_estimators(rollouts, good[:-1], sub)
     assert np.isfinite(out[0].sign_accuracy.value)
+
+
+def test_diagnose_at_80_columns_names_every_estimator_whole(store, run_id, tmp_path):
+    from rich.console import Console
+
+    d = diagnose(store, run_id, out_dir=tmp_path / "plots", n_resamples=50)
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))
+    for part in render_diagnosis(d, "table"):
+        console.print(part)
+    text = console.export_text()
+    assert all(len(line) <= 80 for line in text.splitlines())
+    rows = {line.split("  ")[0].strip() for line in text.splitlines() if line.startswith(" ")}
+    assert {"stored", "grpo", "gigpo", "graphgpo", "milegpo", "milegpo -reliability", "milegpo -progress",
+            "milegpo -same-state"} <= rows
+    assert "…" not in text
+    assert "stored = the advantages the run trained with (milegpo)" in " ".join(text.split())
+
+
+def test_diagnose_json_on_the_command_line(store, run_id, tmp_path):
+    from typer.testing import CliRunner
+
+    from milegpo_cli.cli import app
+
+    result = CliRunner().invoke(app, ["diagnose", str(run_id), "--json", "--db", str(tmp_path / "runs.db"),
+                                      "--out", str(tmp_path / "plots")], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["run"]["id"] == run_id and doc["plots"]

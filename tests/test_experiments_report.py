@@ -59,24 +59,33 @@ def test_report_counts_means_and_intervals(store, experiment, tmp_path):
     mile = rep.data["methods"]["milegpo"]
     assert mile["seeds"] == [0, 1, 2] and len(mile["runs"]) == 3
     s_id = mile["metrics"]["success"]["id"]
-    assert s_id["n"] == 3
-    assert s_id["mean"]["value"] == pytest.approx(4.5 / 6)
-    lo, hi = hand_bootstrap([FINAL["milegpo", "id", "heat"], FINAL["milegpo", "id", "pick"]])
+    assert s_id["n"] == 3 and mile["episodes"] == {"id": [4, 4, 4], "ood": [4, 4, 4]}
+    # per seed, success over the 4 episodes of the final evaluation: 1.0, 0.75, 0.5
+    per_seed = [np.mean([FINAL["milegpo", "id", t][k] for t in ("heat", "pick")]) for k in range(3)]
+    assert s_id["mean"]["value"] == pytest.approx(0.75)
+    assert s_id["std"] == pytest.approx(np.std(per_seed, ddof=1))  # over seeds
+    lo, hi = hand_bootstrap([per_seed])  # bootstrap over seeds
     assert (s_id["mean"]["low"], s_id["mean"]["high"]) == pytest.approx((lo, hi))
-    # gap paired by seed and type: heat [.5, 0, .5], pick [0, .5, 0]
-    assert mile["metrics"]["success"]["gap"]["mean"]["value"] == pytest.approx(1.5 / 6)
+    # the task-type balanced summary (rliable strata) is kept beside it
+    lo, hi = hand_bootstrap([FINAL["milegpo", "id", "heat"], FINAL["milegpo", "id", "pick"]])
+    by_type = mile["metrics"]["success"]["id_by_type"]
+    assert (by_type["mean"]["low"], by_type["mean"]["high"]) == pytest.approx((lo, hi))
+    # gap paired by seed: id 1.0, .75, .5 - ood .75, .5, .25
+    assert mile["metrics"]["success"]["gap"]["mean"]["value"] == pytest.approx(0.25)
     # P(milegpo > gigpo) on ood: heat 6/9, pick 7/9, averaged over types
     assert mile["metrics"]["success"]["poi_ood"]["value"] == pytest.approx(13 / 18)
     assert rep.data["methods"]["gigpo"]["metrics"]["success"]["poi_ood"] is None  # the baseline itself
-    main, per_type = rep.tables
+    main, extra, per_type = rep.tables
     row = next(r for r in main.rows if r[0] == "milegpo")
-    assert row[1] == "3" and row[2].startswith("75.0 ± ")
+    assert row[1] == "3" and row[2] == "4, 4" and row[3].startswith("75.0 ± 25.0 [")
+    assert "mean ± std over seeds" in main.title and "pooled over task types" in main.title
+    assert next(r for r in extra.rows if r[0] == "milegpo")[1].startswith("0.72 [")
     assert len(per_type.rows) == 2 * 2  # methods x task types
     # renderers
     assert json.loads(R.render(rep, "json"))["methods"]["milegpo"]["seeds"] == [0, 1, 2]
     rows = list(csv.reader(io.StringIO(R.render(rep, "csv"))))
-    assert rows[1] == main.columns and len([r for r in rows if r and r[0] == "milegpo"]) == 3
-    assert "| milegpo | 3 |" in R.render(rep, "md")
+    assert rows[1] == main.columns and len([r for r in rows if r and r[0] == "milegpo"]) == 1 + 1 + 2
+    assert "| milegpo | 3 | 4, 4 |" in R.render(rep, "md")
     assert "<table" in R.render(rep, "html")
     with pytest.raises(R.ExperimentError, match="format"):
         R.render(rep, "xls")
@@ -104,8 +113,31 @@ def test_compare_table_and_curves(store, experiment, tmp_path):
     assert len(res["runs"]) == 6
     first = res["runs"][0]  # gigpo seed 0: final id = (heat 0.5 + pick 0.5) / 2, best is the final
     assert first["id"]["final_success"] == pytest.approx(0.5) and first["id"]["final_iteration"] == 2
-    assert first["steps"] == 200 and first["wall_s"] == pytest.approx(6.0)
+    assert first["steps"] == 200 and first["wall_s"] == pytest.approx(6.0) and first["iterations"] == 2
     assert res["plots"] and all(is_png(p) for p in res["plots"])
     assert len(compare(store, ["1", "exp-test"])["runs"]) == 6  # a run id and an experiment name, deduplicated
     with pytest.raises(RunNotFound, match="neither a run nor an experiment"):
         compare(store, ["missing-run"])
+
+
+def test_report_headline_is_the_pooled_success_runs_show_prints(store):
+    """One seed, unequal episodes per task type: the headline is success over the episodes (the
+    number `runs show` prints), not the mean over task types; ± is the spread over seeds (0 here)."""
+    from milegpo_cli.experiments.runs import show_doc
+
+    rid = store.create_run("one-seed", algo="gigpo", seed=0, config={"env": {"name": "alfworld"}})
+    store.record_iteration(rid, 1, {})
+    eps = [EpisodeRecord(task_id=f"id/heat/{i}", split="id", task_type="heat", group="e", index=0,
+                         outcome=1.0, success=True, length=5) for i in range(1)]
+    eps += [EpisodeRecord(task_id=f"id/pick/{i}", split="id", task_type="pick", group="e", index=0,
+                          outcome=0.0, success=False, length=5) for i in range(3)]
+    store.record_evaluation(rid, "id", {}, eps, iteration=1)
+    shown = show_doc(store, rid)["evaluations"][0]["success_rate"]
+    rep = R.build_report(store)
+    s_id = rep.data["methods"]["gigpo"]["metrics"]["success"]["id"]
+    assert s_id["mean"]["value"] == pytest.approx(shown) == pytest.approx(0.25)
+    assert rep.data["methods"]["gigpo"]["metrics"]["success"]["id_by_type"]["mean"]["value"] == pytest.approx(0.5)
+    row = rep.tables[0].rows[0]
+    assert row[:4] == ["gigpo", "1", "4, -", "25.0"]  # one seed: no spread over seeds, no interval over seeds
+    per_type = {r[1]: r for r in rep.tables[2].rows}
+    assert per_type["heat"][4] == "1, -" and per_type["pick"][4] == "3, -"

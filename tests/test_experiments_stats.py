@@ -67,3 +67,20 @@ def test_degenerate_and_bad_input():
         S.summarize([])
     with pytest.raises(S.StatsError, match="finite"):
         S.summarize([1.0, float("nan")])
+
+
+@pytest.mark.parametrize("k, n", [(3, 10), (0, 10), (10, 10), (12, 64)])
+def test_wilson_interval_by_hand(k, n):
+    z = 1.959963984540054
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    lo, hi = S.wilson_interval(k, n)
+    assert (lo, hi) == pytest.approx((centre - half, centre + half), abs=1e-12)
+    assert 0.0 <= lo <= p <= hi <= 1.0
+
+
+def test_wilson_interval_edges():
+    assert S.wilson_interval(0, 0) is None
+    with pytest.raises(S.StatsError, match="successes"):
+        S.wilson_interval(5, 4)

@@ -6,8 +6,9 @@ from typing import Sequence
 
 from milegpo_cli.experiments import plots
 from milegpo_cli.experiments.report import Table, to_rich
-from milegpo_cli.experiments.runs import ExperimentError, RunData, resolve
+from milegpo_cli.experiments.runs import ExperimentError, RunData, dumps, resolve
 
+FORMATS = ("table", "json")
 SPLITS = ("id", "ood")
 CURVE_METRICS = ("success_rate", "mean_outcome", "mean_length")
 
@@ -35,7 +36,7 @@ def compare_table(runs: Sequence[RunData]) -> tuple[Table, list[dict]]:
                     "final_iteration": fin and fin.iteration, "best_success": best and best.success,
                     "best_iteration": best and best.iteration}
             row += [_pct(fin and fin.success), _pct(best and best.success), _pct(fin and fin.score)]
-        its = max((it for pts in r.curves.values() for it, _ in pts), default=-1) + 1
+        its = max((it for pts in r.curves.values() for it, _ in pts), default=0)  # training iterations 1..N (0: the starting policy)
         d["iterations"] = its
         row += [str(its), str(r.steps), f"{r.wall_s:.0f}"]
         rows.append(row)
@@ -71,11 +72,17 @@ def compare(store, refs: list[str], out_dir: str | Path | None = None) -> dict:
     return {"table": table, "runs": data, "plots": [str(p) for p in paths]}
 
 
-def run_compare(store, refs: list[str], out_dir: str | Path | None, console) -> dict:
-    """``milegpo compare``: print the table, write the plots (default ``<store root>/compare``)."""
+def run_compare(store, refs: list[str], out_dir: str | Path | None, console, fmt: str = "table") -> dict:
+    """``milegpo compare``: print the table (``fmt`` table) or only the document ``{"runs", "plots"}``
+    (``fmt`` json, docs/cli.md); write the plots (default ``<store root>/compare``)."""
+    if fmt not in FORMATS:
+        raise ExperimentError(f"format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if out_dir is None:
         out_dir = Path(resolve(store, refs[:1])[0].root if refs else "runs") / "compare"
     result = compare(store, refs, out_dir)
-    console.print(to_rich([result["table"]])[0])
-    console.print("plots: " + ", ".join(result["plots"]))
+    if fmt == "json":
+        console.out(dumps({"runs": result["runs"], "plots": result["plots"]}), highlight=False)
+    else:
+        console.print(to_rich([result["table"]])[0])
+        console.print("plots: " + ", ".join(result["plots"]))
     return result

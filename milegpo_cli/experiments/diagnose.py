@@ -7,22 +7,23 @@ same stored rollouts, recomputed for GRPO, GiGPO, GraphGPO, MileGPO and each Mil
 """
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
 import networkx as nx
 import numpy as np
+from rich import box
 from rich.table import Table as RichTable
 
 from milegpo_cli.credit import CreditConfig, Rollout, RolloutBatch
 from milegpo_cli.experiments import plots
 from milegpo_cli.experiments.diagnostics import (
     N_RESAMPLES, compare_estimators, diagnose_credit, entered_keys, estimator_variants, milestone_match)
-from milegpo_cli.experiments.runs import ExperimentError, json_safe
+from milegpo_cli.experiments.runs import ExperimentError, dumps
 
 FORMATS = ("table", "json")
+STORED = "stored"  # name prefix of the diagnostics of the advantages a run trained with
 
 
 def stored_rollouts(store, run_id: int, iteration: int | None = None) -> dict:
@@ -150,7 +151,7 @@ def diagnose(store, run_id: int | str, iteration: int | None = None, out_dir: st
     if run["algo"] == "milegpo":
         matches = [milestone_match([entered[j] for j in js], [data["subgoals"][j] for j in js], found[name])
                    for name, js in ((n, np.flatnonzero(step_group == g)) for g, n in enumerate(batch.group_names))]
-    stored_label = "stored: " + run["algo"] + "".join(f" -{d}" for d in run["drop"] or ())
+    stored_label = f"{STORED}: {method_label(run['algo'], run['drop'])}"
     diags = [diagnose_credit(data["advantage"], step_group, data["oracle_good"], name=stored_label, algo=run["algo"],
                              drop=run["drop"] or (), milestones=matches, n_resamples=n_resamples, seed=seed)]
     diags += compare_estimators(rollouts, data["oracle_good"], data["subgoals"], config=config,
@@ -191,40 +192,57 @@ def diagnose(store, run_id: int | str, iteration: int | None = None, out_dir: st
 def _e(est: dict | None) -> str:
     if est is None or est["value"] is None or not np.isfinite(est["value"]):  # nan: a class is empty
         return "-"
-    return f"{est['value']:.3f} [{est['low']:.3f}, {est['high']:.3f}]"
+    return f"{est['value']:.2f} [{est['low']:.2f}, {est['high']:.2f}]"
+
+
+def _share(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def method_label(algo: str, drop) -> str:
+    """``milegpo -reliability``: the algo and its ablated components (as ``RunData.method``)."""
+    return algo + "".join(f" -{d}" for d in sorted(drop or ()))
+
+
+def _table(title: str, columns: list[str]) -> RichTable:
+    """A compact table (fits 80 columns); the first column is never wrapped or cut."""
+    t = RichTable(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for i, c in enumerate(columns):
+        t.add_column(c, no_wrap=i == 0)
+    return t
 
 
 def render_diagnosis(d: dict, fmt: str = "table"):
     """``json``: a string (strict JSON); ``table``: a list of rich renderables."""
     if fmt == "json":
-        return json.dumps(json_safe(d), indent=2)
+        return dumps(d)
     if fmt != "table":
         raise ExperimentError(f"format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
     r = d["run"]
     out = []
-    t = RichTable(title=f"run {r['id']} ({r['name']}, {r['algo']}): milestones and traps, iteration {d['iteration']}")
-    for c in ("task", "kind", "key", "n+", "n-", "rho", "d", "progress", "branch", "credit"):
-        t.add_column(c)
-    share = lambda v: "-" if v is None else f"{v:.2f}"  # share of credited entries passing the gate
+    t = _table(f"run {r['id']} ({r['name']}, {r['algo']}): milestones and traps, iteration {d['iteration']} "
+               "(progress, branch: share of credited entries passing the test)",
+               ["task", "kind", "key", "n+", "n-", "rho", "d", "progress", "branch", "credit"])
     for task, cs in sorted(d["candidates"].items()):
         for c in sorted(cs, key=lambda c: (c["kind"], -abs(c["rho"]))):
             t.add_row(task, c["kind"], c["key"][:40], str(c["n_pos"]), str(c["n_neg"]), f"{c['rho']:+.2f}",
-                      "inf" if c["distance"] is None else f"{c['distance']:.0f}", share(c["progress_ok"]),
-                      share(c["branch_ok"]), f"{c['credit']:+.3f}")
+                      "inf" if c["distance"] is None else f"{c['distance']:.0f}", _share(c["progress_ok"]),
+                      _share(c["branch_ok"]), f"{c['credit']:+.3f}")
     out.append(t)
-    t = RichTable(title="candidates over training")
-    for c in ("iteration", "milestones", "rho+", "progress ok", "branch ok", "traps", "rho-"):
-        t.add_column(c)
-    f = lambda v: "-" if v is None else f"{v:.2f}"
+    t = _table("candidates over training", ["iteration", "milestones", "rho+", "progress ok", "branch ok", "traps", "rho-"])
+    f = _share
     for e in d["evolution"]:
         t.add_row(str(e["iteration"]), str(e["milestones"]), f(e["milestone_rho"]), f(e["milestone_progress_ok"]),
                   f(e["milestone_branch_ok"]), str(e["traps"]), f(e["trap_rho"]))
     out.append(t)
-    t = RichTable(title=f"credit diagnostics on the stored rollouts ({d['labelled_steps']} oracle-labelled steps; 95% CI over groups)")
-    for c in ("estimator", "groups", "good/bad", "ROC-AUC", "sign acc.", "milestone prec.", "milestone rec."):
-        t.add_column(c)
+    stored = next((c for c in d["credit"] if c["name"].startswith(STORED)), None)
+    t = _table(f"credit diagnostics on the stored rollouts ({d['labelled_steps']} oracle-labelled steps; 95% CI over "
+               "groups)" + (f"; stored = the advantages the run trained with ({method_label(stored['algo'], stored['drop'])})"
+                           if stored else ""),
+               ["estimator", "groups", "good/bad", "ROC-AUC", "sign acc.", "ms. prec.", "ms. recall"])
     for c in d["credit"]:
-        t.add_row(c["name"], str(c["n_groups"]), f"{c['n_good']}/{c['n_bad']}", _e(c["auc"]), _e(c["sign_accuracy"]),
+        label = STORED if c is stored else method_label(c["algo"], c["drop"])
+        t.add_row(label, str(c["n_groups"]), f"{c['n_good']}/{c['n_bad']}", _e(c["auc"]), _e(c["sign_accuracy"]),
                   _e(c["milestone_precision"]), _e(c["milestone_recall"]))
     out.append(t)
     if d["plots"]:

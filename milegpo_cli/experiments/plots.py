@@ -80,16 +80,31 @@ def interval_bars(
     return _save(fig, path)
 
 
-def rollout_graph(
-    graph: nx.MultiDiGraph, path: str | Path, *, milestones: Mapping[str, float] = {},
-    traps: Mapping[str, float] = {}, start: str | None = None, title: str = "",
-) -> Path:
-    """Draw a group's rollout graph: milestones green, traps red (shade by |rho|), terminals marked.
+MILESTONE, TRAP, START, SUCCESS_C, FAIL_C, STATE = "#1a9850", "#d73027", "#4575b4", "#006837", "#000000", "#bdbdbd"
+LABEL_CHARS = 28  # node labels: the state key, cut to this length
 
-    Edge width grows with the number of rollouts that took the transition (edge attribute
-    ``rollouts``, a collection).
+
+def _short(key: str) -> str:
+    return key if len(key) <= LABEL_CHARS else key[:LABEL_CHARS - 1] + "…"
+
+
+def rollout_graph(graph: nx.MultiDiGraph, path: str | Path, **kw) -> Path:
+    """``rollout_graph_figure`` saved as a PNG."""
+    return _save(rollout_graph_figure(graph, **kw), path)
+
+
+def rollout_graph_figure(
+    graph: nx.MultiDiGraph, *, milestones: Mapping[str, float] = {},
+    traps: Mapping[str, float] = {}, start: str | None = None, title: str = "",
+) -> Figure:
+    """Draw a group's rollout graph: milestones green, traps red (opacity = |rho|), the start state
+    blue, the SUCCESS / FAIL terminals; credited nodes (milestones, traps) are labelled with their
+    key and rho, and a legend explains colours and edge width (rollouts that took the transition,
+    edge attribute ``rollouts``, a collection).
     """
-    fig = Figure(figsize=(8, 6))
+    from matplotlib.lines import Line2D
+
+    fig = Figure(figsize=(9, 6.5))
     ax = fig.add_subplot()
     simple = nx.DiGraph()
     simple.add_nodes_from(graph.nodes)
@@ -100,27 +115,46 @@ def rollout_graph(
     colours, sizes = [], []
     for n in simple.nodes:
         if n == "SUCCESS":
-            colours.append("#1a9850"); sizes.append(420)
+            colours.append(SUCCESS_C); sizes.append(420)
         elif n == "FAIL":
-            colours.append("#000000"); sizes.append(420)
+            colours.append(FAIL_C); sizes.append(420)
         elif n in milestones:
             colours.append((0.1, 0.6, 0.2, 0.35 + 0.65 * min(abs(milestones[n]), 1.0))); sizes.append(220)
         elif n in traps:
             colours.append((0.85, 0.1, 0.1, 0.35 + 0.65 * min(abs(traps[n]), 1.0))); sizes.append(220)
         elif n == start:
-            colours.append("#4575b4"); sizes.append(260)
+            colours.append(START); sizes.append(260)
         else:
-            colours.append("#bdbdbd"); sizes.append(80)
-    widths = [0.5 + np.log1p(d["weight"]) for _, _, d in simple.edges(data=True)]
-    nx.draw_networkx_edges(simple, pos, ax=ax, width=widths, alpha=0.4, arrowsize=8, node_size=sizes)
+            colours.append(STATE); sizes.append(80)
+    width = lambda w: 0.5 + np.log1p(w)
+    weights = [d["weight"] for _, _, d in simple.edges(data=True)]
+    nx.draw_networkx_edges(simple, pos, ax=ax, width=[width(w) for w in weights], alpha=0.4, arrowsize=8,
+                           node_size=sizes)
     nx.draw_networkx_nodes(simple, pos, ax=ax, node_color=colours, node_size=sizes, linewidths=0.5, edgecolors="#444444")
-    dark = {n: n for n in simple.nodes if n == "SUCCESS" or n == start}
-    nx.draw_networkx_labels(simple, pos, labels={n: n[:12] for n in dark}, ax=ax, font_size=7)
-    if "FAIL" in simple:
-        nx.draw_networkx_labels(simple, pos, labels={"FAIL": "FAIL"}, ax=ax, font_size=7, font_color="white")
-    ax.set_title(title or f"{simple.number_of_nodes()} states, {len(milestones)} milestones, {len(traps)} traps")
+    for n in simple.nodes:  # credited nodes: key and rho; the start and the terminals: their role
+        x, y = pos[n]
+        if n in milestones or n in traps:
+            rho = milestones[n] if n in milestones else traps[n]
+            ax.annotate(f"{_short(n)}\nrho {rho:+.2f}", (x, y), xytext=(0, 9), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=7, color=MILESTONE if n in milestones else TRAP,
+                        bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.75))
+        elif n in ("SUCCESS", "FAIL") or n == start:
+            ax.annotate("start" if n == start else n, (x, y), xytext=(0, -11), textcoords="offset points",
+                        ha="center", va="top", fontsize=7)
+    node = lambda colour, size, label: Line2D([], [], marker="o", linestyle="", markersize=size, label=label,
+                                              markerfacecolor=colour, markeredgecolor="#444444")
+    handles = [node(MILESTONE, 9, f"milestone ({len(milestones)})"), node(TRAP, 9, f"trap ({len(traps)})"),
+               node(START, 9, "start state"), node(SUCCESS_C, 11, "SUCCESS"), node(FAIL_C, 11, "FAIL"),
+               node(STATE, 6, "other state")]
+    top = max(weights, default=1)
+    handles += [Line2D([], [], color="#444444", alpha=0.6, linewidth=width(w), label=f"{w} rollout{'s' * (w > 1)}")
+                for w in sorted({1, top})]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False,
+              title="node colour (opacity = |rho|)\nedge width = rollouts", title_fontsize=8, alignment="left")
+    ax.set_title(title or f"{simple.number_of_nodes()} states, {len(milestones)} milestones, {len(traps)} traps",
+                 fontsize=10)
     ax.axis("off")
-    return _save(fig, path)
+    return fig
 
 
 def is_png(path: str | Path) -> bool:

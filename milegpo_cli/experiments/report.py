@@ -1,25 +1,27 @@
 """Seed and variance tables of an experiment (``milegpo report``).
 
-Per method: n seeds, mean +- std, 95% stratified-bootstrap CI and IQM of the final evaluation on
-ID and OOD, the ID-to-OOD gap (paired by seed and task type) with its CI, and the probability of
-improvement over a baseline; per task type the same on ID and OOD. Strata are the task types
-(ALFWorld's six types, WebShop categories); the overall mean is the mean over (seed, task type)
-cells, i.e. task-type balanced as in rliable. All numbers come from stored runs.
+The headline value of a method on a split is the one ``milegpo runs show`` prints per run: the
+success (WebShop also score) over the episodes of the run's final evaluation, pooled over task
+types; the table gives its mean ± std over seeds, a 95% bootstrap CI over seeds, the number of seeds
+and of episodes per seed, and the ID-to-OOD gap paired by seed. IQM and the probability of
+improvement over a baseline are rliable's, over (seed, task type) cells with the task types as
+bootstrap strata (ALFWorld's six types, WebShop categories); a per-task-type table gives the
+mean ± std over seeds of each type. All numbers come from stored runs.
 """
 from __future__ import annotations
 
 import csv
 import html
 import io
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from rich import box
 from rich.table import Table as RichTable
 
 from milegpo_cli.experiments import plots, stats
-from milegpo_cli.experiments.runs import ALL, ExperimentError, RunData, experiment_runs, json_safe, load_run
+from milegpo_cli.experiments.runs import ALL, ExperimentError, RunData, dumps, experiment_runs, load_run
 
 BY = ("algo", "drop")
 FORMATS = ("table", "md", "csv", "json", "html")
@@ -59,6 +61,17 @@ def _per_seed(runs: Sequence[RunData], split: str, metric: str, task_type: str) 
     return out
 
 
+def _episodes(runs: Sequence[RunData], split: str, task_type: str = ALL) -> list[int]:
+    """Episodes of each run's final evaluation on ``split`` (runs without one left out)."""
+    return [e.episodes for r in runs if (e := r.final(split, task_type)) is not None]
+
+
+def _per_seed_episodes(counts: Sequence[int]) -> str:
+    if not counts:
+        return "-"
+    return str(counts[0]) if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
+
+
 def _strata(runs: Sequence[RunData], split: str, metric: str, types: Sequence[str]) -> dict[str, dict[int, float]]:
     """task type -> {run id: final value}; the whole split as one stratum when no type is stored."""
     strata = {t: _per_seed(runs, split, metric, t) for t in types}
@@ -72,10 +85,14 @@ def _fmt(est: stats.Estimate | None, scale: float) -> str:
     return f"{est.value * scale:.1f} [{est.low * scale:.1f}, {est.high * scale:.1f}]"
 
 
-def _fmt_summary(s: stats.Summary | None, scale: float = 100.0) -> str:
+def _fmt_summary(s: stats.Summary | None, scale: float = 100.0, spread: bool = True) -> str:
+    """mean ± std [CI] (``spread`` False: mean [CI]); one seed has neither: its value alone."""
     if s is None:
         return "-"
-    return f"{s.mean.value * scale:.1f} ± {s.std * scale:.1f} [{s.mean.low * scale:.1f}, {s.mean.high * scale:.1f}]"
+    if s.n < 2:
+        return f"{s.mean.value * scale:.1f}"
+    std = f" ± {s.std * scale:.1f}" if spread else ""
+    return f"{s.mean.value * scale:.1f}{std} [{s.mean.low * scale:.1f}, {s.mean.high * scale:.1f}]"
 
 
 def _summary(strata: dict[str, dict[int, float]], seed: int) -> stats.Summary | None:
@@ -83,12 +100,8 @@ def _summary(strata: dict[str, dict[int, float]], seed: int) -> stats.Summary | 
     return stats.summarize(vals, seed=seed) if vals else None
 
 
-def _gap(id_s: dict[str, dict[int, float]], ood_s: dict[str, dict[int, float]], seed: int,
-         overall: tuple[dict[int, float], dict[int, float]] | None = None) -> stats.Summary | None:
-    """ID - OOD paired by seed within each task type when both splits have the same types (ALFWorld);
-    else (WebShop: OOD = held-out categories) paired by seed on the whole-split values ``overall``."""
-    if set(id_s) != set(ood_s) and overall is not None:
-        id_s, ood_s = {ALL: overall[0]}, {ALL: overall[1]}
+def _gap(id_s: dict[str, dict[int, float]], ood_s: dict[str, dict[int, float]], seed: int) -> stats.Summary | None:
+    """ID - OOD paired by seed within each stratum both splits have (the whole split: ALL)."""
     pairs = []
     for t in sorted(set(id_s) & set(ood_s)):
         common = sorted(set(id_s[t]) & set(ood_s[t]))
@@ -132,22 +145,27 @@ def report_from_runs(
     data: dict = {"title": title, "by": by, "baseline": baseline, "metrics": list(metrics), "methods": {}}
     strata = {m: {(split, met): _strata(rs, split, met, types) for split in SPLITS for met in metrics}
               for m, rs in groups.items()}
-    main_cols = ["method", "seeds"]
+    main_cols = ["method", "seeds", "episodes (id, ood)"]
     for met in metrics:
         main_cols += [f"{met} id", f"{met} ood", f"{met} gap"]
-    if baseline:
-        main_cols += [f"P({met} ood > {baseline})" for met in metrics]
-    main_cols += ["IQM ood", "steps", "wall s"]
-    main_rows, type_rows = [], []
+    extra_cols = ["method"] + ([f"P({met} ood > {baseline})" for met in metrics] if baseline else [])
+    extra_cols += [f"IQM {metrics[0]} ood", "steps", "wall s"]
+    main_rows, extra_rows, type_rows = [], [], []
     for m, rs in groups.items():
-        d: dict = {"runs": [r.run_id for r in rs], "seeds": sorted({r.seed for r in rs}), "metrics": {}}
-        row = [m, str(len(rs))]
+        d: dict = {"runs": [r.run_id for r in rs], "seeds": sorted({r.seed for r in rs}), "metrics": {},
+                   "episodes": {s: _episodes(rs, s) for s in SPLITS}}
+        row = [m, str(len(rs)), ", ".join(_per_seed_episodes(d["episodes"][s]) for s in SPLITS)]
         for met in metrics:
-            s_id, s_ood = _summary(strata[m]["id", met], seed), _summary(strata[m]["ood", met], seed)
-            g = _gap(strata[m]["id", met], strata[m]["ood", met], seed,
-                     (_per_seed(rs, "id", met, ALL), _per_seed(rs, "ood", met, ALL)))
-            d["metrics"][met] = {"id": s_id and s_id.to_dict(), "ood": s_ood and s_ood.to_dict(), "gap": g and g.to_dict()}
-            row += [_fmt_summary(s_id), _fmt_summary(s_ood), _fmt(g.mean if g else None, 100.0)]
+            pooled = {s: _per_seed(rs, s, met, ALL) for s in SPLITS}
+            s_id, s_ood = (_summary({ALL: pooled[s]}, seed) for s in SPLITS)
+            g = _gap({ALL: pooled["id"]}, {ALL: pooled["ood"]}, seed)
+            by_type = {s: _summary(strata[m][s, met], seed) for s in SPLITS}
+            d["metrics"][met] = {"id": s_id and s_id.to_dict(), "ood": s_ood and s_ood.to_dict(), "gap": g and g.to_dict(),
+                                 "id_by_type": by_type["id"] and by_type["id"].to_dict(),
+                                 "ood_by_type": by_type["ood"] and by_type["ood"].to_dict()}
+            row += [_fmt_summary(s_id), _fmt_summary(s_ood), _fmt_summary(g, spread=False)]
+        main_rows.append(row)
+        row = [m]
         if baseline:
             for met in metrics:
                 p = None if m == baseline else _poi(strata[m]["ood", met], strata[baseline]["ood", met], seed)
@@ -155,10 +173,10 @@ def report_from_runs(
                 d["metrics"][met]["poi_ood"] = p and p.to_dict()
                 d["metrics"][met]["poi_id"] = pi and pi.to_dict()
                 row.append("-" if p is None else f"{p.value:.2f} [{p.low:.2f}, {p.high:.2f}]")
-        s_ood = _summary(strata[m]["ood", metrics[0]], seed)
+        s_ood = _summary(strata[m]["ood", metrics[0]], seed)  # over (seed, task type) cells
         row += [_fmt(s_ood.iqm if s_ood else None, 100.0), f"{sum(r.steps for r in rs) / len(rs):.0f}",
                 f"{sum(r.wall_s for r in rs) / len(rs):.0f}"]
-        main_rows.append(row)
+        extra_rows.append(row)
         d["types"] = {}
         for t in types:
             d["types"][t] = {}
@@ -169,12 +187,20 @@ def report_from_runs(
                 g = _gap(by_split.get("id", {}), by_split.get("ood", {}), seed)
                 d["types"][t][met] = {"id": s_id and s_id.to_dict(), "ood": s_ood and s_ood.to_dict(), "gap": g and g.to_dict()}
                 n = max((len(v[t]) for v in by_split.values()), default=0)
-                type_rows.append([m, t, met, str(n), _fmt_summary(s_id), _fmt_summary(s_ood),
-                                  _fmt(g.mean if g else None, 100.0)])
+                eps = ", ".join(_per_seed_episodes(_episodes(rs, s, t)) for s in SPLITS)
+                type_rows.append([m, t, met, str(n), eps, _fmt_summary(s_id), _fmt_summary(s_ood),
+                                  _fmt_summary(g, spread=False)])
         data["methods"][m] = d
-    tables = [Table(f"{title}: final evaluation (%; mean ± std [95% CI])", main_cols, main_rows)]
+    tables = [Table(f"{title}: final evaluation, % of its episodes (pooled over task types, as `runs show`); "
+                    "mean ± std over seeds [95% bootstrap CI over seeds]; episodes per seed; gap id - ood paired by seed",
+                    main_cols, main_rows),
+              Table(f"{title}: " + (f"probability of improvement over {baseline}, " if baseline else "")
+                    + "IQM [95% CI] over (seed, task type) cells (rliable); mean environment steps and wall time "
+                    "per run", extra_cols, extra_rows)]
     if types:
-        tables.append(Table(f"{title}: per task type", ["method", "task type", "metric", "seeds", "id", "ood", "gap"], type_rows))
+        tables.append(Table(f"{title}: per task type, % of its episodes; mean ± std over seeds [95% CI]; episodes per seed",
+                            ["method", "task type", "metric", "seeds", "episodes (id, ood)", "id", "ood", "gap"],
+                            type_rows))
     return Report(title=title, by=by, baseline=baseline, metrics=metrics, data=data, tables=tables)
 
 
@@ -198,7 +224,7 @@ def plot_report(report: Report, out_dir: str | Path) -> list[Path]:
 def render(report: Report, fmt: str) -> str:
     """Render as md / csv / json / html text (``table`` is rendered by ``to_rich``)."""
     if fmt == "json":
-        return json.dumps(json_safe({**report.data, "plots": report.plots}), indent=2)
+        return dumps({**report.data, "plots": report.plots})
     if fmt == "md":
         parts = []
         for t in report.tables:
@@ -227,14 +253,14 @@ def render(report: Report, fmt: str) -> str:
 
 
 def to_rich(tables: Sequence[Table]):
-    """rich Tables for the console."""
+    """rich Tables for the console: compact, the first column never cut, an interval on its own line."""
     out = []
     for t in tables:
-        rt = RichTable(title=t.title)
-        for c in t.columns:
-            rt.add_column(c)
+        rt = RichTable(title=t.title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+        for i, c in enumerate(t.columns):
+            rt.add_column(c, no_wrap=i == 0)
         for r in t.rows:
-            rt.add_row(*r)
+            rt.add_row(*(c.replace(" [", "\n[") for c in r))
         out.append(rt)
     return out
 

@@ -2,15 +2,22 @@
 
 ``RunData`` carries what compare / report need of a run: identity (algo, ablated components, seed,
 experiment), cost (environment steps, wall time), training curves and evaluation results per
-iteration, split and task type.
+iteration, split and task type. ``list_doc`` / ``show_doc`` are the documents of ``milegpo runs``
+and ``milegpo runs show`` (``--json``; shapes in docs/cli.md), ``list_table`` / ``show_tables``
+their tables.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import numpy as np
+from rich import box
+from rich.table import Table
 
 from milegpo_cli.errors import MilegpoError, RunNotFound
+from milegpo_cli.experiments.stats import wilson_interval
 
 ALL = "all"  # task_type of a whole-split evaluation
 
@@ -25,7 +32,14 @@ def json_safe(o):
         return float(o) if np.isfinite(o) else None
     if isinstance(o, np.integer):
         return int(o)
+    if isinstance(o, datetime):
+        return o.isoformat()
     return o
+
+
+def dumps(doc) -> str:
+    """The JSON text of a ``--json`` document (strict JSON, see ``json_safe``)."""
+    return json.dumps(json_safe(doc), indent=2, allow_nan=False)
 
 
 class ExperimentError(MilegpoError, ValueError):
@@ -156,3 +170,86 @@ def resolve(store, refs: list[str]) -> list[RunData]:
                 raise RunNotFound(f"'{ref}' is neither a run nor an experiment in {store.display_url}") from None
     seen: set[int] = set()
     return [r for r in out if not (r.run_id in seen or seen.add(r.run_id))]
+
+
+# --- `milegpo runs` and `milegpo runs show` ---------------------------------------------------
+LIST_FIELDS = ("id", "name", "recipe", "algo", "seed", "drop", "status", "experiment_id", "mlflow_run_id",
+               "git_commit", "created_at", "updated_at", "iterations", "last_success_rate")
+SHOW_FIELDS = ("name", "recipe", "algo", "seed", "drop", "status", "experiment_id", "mlflow_run_id",
+               "git_commit", "created_at", "updated_at")
+
+
+def phase(evaluation: dict) -> str:
+    """The policy an evaluation measured: untrained, warmstart or train. Rows stored without a phase:
+    iteration 0 is the untrained model, any later one the trained policy."""
+    return evaluation.get("phase") or ("untrained" if evaluation["iteration"] == 0 else "train")
+
+
+def success_ci(evaluation: dict) -> list[float] | None:
+    """Wilson 95% interval of an evaluation's success rate over its episodes."""
+    n, rate = evaluation["episodes"], evaluation["success_rate"]
+    ci = None if rate is None else wilson_interval(round(rate * n), n)
+    return None if ci is None else list(ci)
+
+
+def list_doc(store) -> list[dict]:
+    """``milegpo runs --json``: one object per run, in id order (an empty list for an empty store)."""
+    return json_safe([{k: r[k] for k in LIST_FIELDS} for r in store.list_runs()])
+
+
+def show_doc(store, ref: int | str) -> dict:
+    """``milegpo runs show RUN --json``: the run (with its resolved config), its iterations and evaluations."""
+    run = store.get_run(ref)
+    its = [{k: it[k] for k in ("iteration", "episodes", "success_rate", "mean_outcome", "mean_length",
+                               "invalid_rate", "metrics")} for it in store.iterations(run["id"])]
+    evs = [{"iteration": ev["iteration"], "phase": phase(ev), "split": ev["split"], "episodes": ev["episodes"],
+            "success_rate": ev["success_rate"], "success_ci": success_ci(ev), "mean_outcome": ev["mean_outcome"],
+            "checkpoint": ev["checkpoint"], "metrics": ev["metrics"] or {}} for ev in store.evaluations(run["id"])]
+    return json_safe({"run": run, "iterations": its, "evaluations": evs})
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _table(*columns: str, title: str) -> Table:
+    """Compact; only the last column wraps (folded: paths, names), the others keep their values whole."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for i, c in enumerate(columns):
+        last = i == len(columns) - 1
+        table.add_column(c, no_wrap=not last, overflow="fold" if last else "ellipsis")
+    return table
+
+
+def list_table(runs: list[dict]) -> Table:
+    """The table of ``milegpo runs`` from ``list_doc``."""
+    table = _table("id", "name", "algo", "seed", "drop", "status", "iters", "success", "created", title="runs")
+    for r in runs:
+        table.add_row(str(r["id"]), r["name"], r["algo"], str(r["seed"]), ",".join(r["drop"]) or "-", r["status"],
+                      str(r["iterations"]), _pct(r["last_success_rate"]),
+                      datetime.fromisoformat(r["created_at"]).strftime("%m-%d %H:%M"))
+    return table
+
+
+def show_tables(doc: dict) -> list[Table]:
+    """The tables of ``milegpo runs show`` from ``show_doc``: fields, iterations, evaluations."""
+    r = doc["run"]
+    head = Table(show_header=False, title=f"run {r['id']}")
+    for key in SHOW_FIELDS:
+        head.add_row(key, ", ".join(r[key]) if key == "drop" else str(r[key]))
+    its = _table("iteration", "episodes", "success", "outcome", "length", "invalid", title="iterations")
+    for it in doc["iterations"]:
+        its.add_row(str(it["iteration"]), str(it["episodes"]), _pct(it["success_rate"]), _num(it["mean_outcome"], 3),
+                    _num(it["mean_length"], 1), _pct(it["invalid_rate"]))
+    evs = _table("iter", "phase", "split", "episodes", "success", "95% CI", "outcome", "checkpoint",
+                 title="evaluations (success with its Wilson 95% interval over the episodes)")
+    for ev in doc["evaluations"]:
+        ci = ev["success_ci"]
+        evs.add_row(str(ev["iteration"]), ev["phase"], ev["split"], str(ev["episodes"]), _pct(ev["success_rate"]),
+                    "-" if ci is None else f"{100 * ci[0]:.1f}-{100 * ci[1]:.1f}%", _num(ev["mean_outcome"], 3),
+                    ev["checkpoint"] or "-")
+    return [head, its, evs]

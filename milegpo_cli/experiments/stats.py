@@ -8,7 +8,8 @@ independently (``scipy.stats.bootstrap`` with ``paired=False`` does exactly this
 
 - mean, std (ddof=1), interquartile mean IQM = ``scipy.stats.trim_mean(x, 0.25)`` of pooled values;
 - probability of improvement P(X > Y) = 1/M sum_m (1/(N K)) sum_ij [x_mi > y_mj] + 0.5 [x_mi = y_mj];
-- ID-to-OOD gap = mean of paired differences id - ood (same seed, same stratum).
+- ID-to-OOD gap = mean of paired differences id - ood (same seed, same stratum);
+- Wilson score interval of one evaluation's success rate (episodes of one run).
 """
 from __future__ import annotations
 
@@ -144,3 +145,17 @@ def gap(id_strata, ood_strata, **kw) -> Summary:
     if len(ids) != len(oods) or any(a.shape != b.shape for a, b in zip(ids, oods)):
         raise StatsError("gap: id and ood scores must pair up (same strata, same seeds)")
     return summarize([a - b for a, b in zip(ids, oods)], **kw)
+
+
+def wilson_interval(successes: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Wilson score interval of a binomial proportion (successes of n episodes); None when n = 0.
+
+    (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), p = successes / n
+    (``scipy.stats.binomtest(...).proportion_ci(method="wilson")``).
+    """
+    if n <= 0:
+        return None
+    if not 0 <= successes <= n:
+        raise StatsError(f"wilson_interval: successes must be in [0, {n}], got {successes}")
+    ci = stats.binomtest(int(successes), int(n)).proportion_ci(confidence, method="wilson")
+    return float(ci.low), float(ci.high)

@@ -4,6 +4,11 @@ One MLflow run per store run, tagged with the store's run id (``milegpo.run_id``
 keeps the MLflow run id, so each points at the other. ``MlflowClient`` only, no fluent global
 state, so several trackers can live in one process. ``log_batch`` because one ``log_metric`` call
 costs ~20 ms against ~0.3 s for a 2,000-point batch (notes/stack-facts.md).
+
+Resume: a run resumed from the checkpoint of iteration k replays iterations k+1.. that the crashed
+process may already have logged. MLflow cannot delete a metric point, so a resumed tracker skips
+every (metric, step) the run already holds: each step appears once in MLflow as in the store (the
+first value logged; the replay logs the same values, the resume being exact, docs/reliability.md).
 """
 from __future__ import annotations
 
@@ -73,6 +78,7 @@ class Tracker:
             self.experiment_id = found.experiment_id if found else self.client.create_experiment(
                 experiment, artifact_location=_artifact_root(tracking_uri))
         self.run_id: str | None = None
+        self._logged: dict[str, set[int]] = {}  # metric -> steps the run held when resumed
 
     def start_run(self, name: str, params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
                   parent_run_id: str | None = None) -> str:
@@ -88,8 +94,10 @@ class Tracker:
         return self.run_id
 
     def resume(self, run_id: str) -> str:
-        """Continue an existing MLflow run (after a crash) and mark it running again."""
-        self.client.get_run(run_id)  # raises if it does not exist
+        """Continue an existing MLflow run (after a crash) and mark it running again; the steps it
+        already holds are not logged again (module docstring)."""
+        run = self.client.get_run(run_id)  # raises if it does not exist
+        self._logged = {k: {m.step for m in self.client.get_metric_history(run_id, k)} for k in run.data.metrics}
         self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
         return run_id
@@ -114,7 +122,8 @@ class Tracker:
         run_id = self._require_run()
         now = int(time.time() * 1000)
         items = [Metric(k, float(v), now, step) for k, v in flatten(metrics).items()
-                 if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)]
+                 if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+                 and step not in self._logged.get(k, ())]
         for i in range(0, len(items), METRIC_BATCH):
             self.client.log_batch(run_id, metrics=items[i:i + METRIC_BATCH])
 
