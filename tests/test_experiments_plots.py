@@ -17,15 +17,16 @@ def graph():
 
 
 def test_legend_and_labels_of_credited_nodes(tmp_path):
-    fig = rollout_graph_figure(graph(), milestones={LONG: 0.8}, traps={"cabinet": -0.5}, start="start", title="t")
+    fig = rollout_graph_figure(graph(), milestones={LONG: 0.8}, traps={"cabinet": -0.5, "start": -0.1}, start="start",
+                               title="t")
     ax = fig.axes[0]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert legend == ["milestone (1)", "trap (1)", "start state", "SUCCESS", "FAIL", "other state",
+    assert legend == ["milestone (1)", "trap (2)", "start state", "SUCCESS", "FAIL", "other state",
                       "1 rollout", "3 rollouts"]  # edge widths: thinnest and thickest transition
     assert "edge width = rollouts" in ax.get_legend().get_title().get_text()
     labels = [t.get_text() for t in ax.texts]
     assert "cabinet\nrho -0.50" in labels
     assert any(t.startswith("countertop 1|inv:apple 1") and t.endswith("…\nrho +0.80") for t in labels)
-    assert {"start", "SUCCESS", "FAIL"} <= set(labels)
+    assert {"start", "SUCCESS", "FAIL", "start\nrho -0.10"} <= set(labels)  # the start is a trap here: both labels
     path = rollout_graph(graph(), tmp_path / "g.png", milestones={LONG: 0.8}, start="start")
     assert is_png(path) and mpimg.imread(path).shape[1] > 600

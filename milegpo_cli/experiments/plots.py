@@ -138,7 +138,7 @@ def rollout_graph_figure(
             ax.annotate(f"{_short(n)}\nrho {rho:+.2f}", (x, y), xytext=(0, 9), textcoords="offset points",
                         ha="center", va="bottom", fontsize=7, color=MILESTONE if n in milestones else TRAP,
                         bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.75))
-        elif n in ("SUCCESS", "FAIL") or n == start:
+        if n in ("SUCCESS", "FAIL") or n == start:  # a credited start state gets both labels
             ax.annotate("start" if n == start else n, (x, y), xytext=(0, -11), textcoords="offset points",
                         ha="center", va="top", fontsize=7)
     node = lambda colour, size, label: Line2D([], [], marker="o", linestyle="", markersize=size, label=label,

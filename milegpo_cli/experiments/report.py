@@ -145,7 +145,7 @@ def report_from_runs(
     data: dict = {"title": title, "by": by, "baseline": baseline, "metrics": list(metrics), "methods": {}}
     strata = {m: {(split, met): _strata(rs, split, met, types) for split in SPLITS for met in metrics}
               for m, rs in groups.items()}
-    main_cols = ["method", "seeds", "episodes (id, ood)"]
+    main_cols = ["method", "seeds", "episodes"]
     for met in metrics:
         main_cols += [f"{met} id", f"{met} ood", f"{met} gap"]
     extra_cols = ["method"] + ([f"P({met} ood > {baseline})" for met in metrics] if baseline else [])
@@ -192,14 +192,16 @@ def report_from_runs(
                                   _fmt_summary(g, spread=False)])
         data["methods"][m] = d
     tables = [Table(f"{title}: final evaluation, % of its episodes (pooled over task types, as `runs show`); "
-                    "mean ± std over seeds [95% bootstrap CI over seeds]; episodes per seed; gap id - ood paired by seed",
+                    "mean ± std over seeds [95% bootstrap CI over seeds]; episodes per seed (id, ood); "
+                    "gap id - ood paired by seed",
                     main_cols, main_rows),
               Table(f"{title}: " + (f"probability of improvement over {baseline}, " if baseline else "")
                     + "IQM [95% CI] over (seed, task type) cells (rliable); mean environment steps and wall time "
                     "per run", extra_cols, extra_rows)]
     if types:
-        tables.append(Table(f"{title}: per task type, % of its episodes; mean ± std over seeds [95% CI]; episodes per seed",
-                            ["method", "task type", "metric", "seeds", "episodes (id, ood)", "id", "ood", "gap"],
+        tables.append(Table(f"{title}: per task type, % of its episodes; mean ± std over seeds [95% CI]; "
+                            "episodes per seed (id, ood)",
+                            ["method", "task type", "metric", "seeds", "episodes", "id", "ood", "gap"],
                             type_rows))
     return Report(title=title, by=by, baseline=baseline, metrics=metrics, data=data, tables=tables)
 
@@ -258,7 +260,7 @@ def to_rich(tables: Sequence[Table]):
     for t in tables:
         rt = RichTable(title=t.title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         for i, c in enumerate(t.columns):
-            rt.add_column(c, no_wrap=i == 0)
+            rt.add_column(c, no_wrap=i == 0, min_width=max(map(len, c.split())))  # headers wrap, never cut
         for r in t.rows:
             rt.add_row(*(c.replace(" [", "\n[") for c in r))
         out.append(rt)
