@@ -52,7 +52,7 @@ def stored_rollouts(store, run_id: int, iteration: int | None = None) -> dict:
 
 
 def group_graph(rollouts: list[Rollout], group: str) -> nx.MultiDiGraph:
-    """DESIGN 2 rollout graph of one group: state keys plus SUCCESS / FAIL; edges carry action and rollouts."""
+    """The rollout graph of one group (docs/algorithms.md): state keys plus SUCCESS / FAIL; edges carry action and rollouts."""
     g = nx.MultiDiGraph()
     for r in rollouts:
         if r.group != group:
