@@ -54,7 +54,6 @@ def postgres_url(postgres_server):
     name = f"milegpo_test_{next(_databases)}"
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
         conn.execute(text(f"CREATE DATABASE {name}"))
     yield admin_url.set(database=name).render_as_string(hide_password=False)
     with admin.connect() as conn:
