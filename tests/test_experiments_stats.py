@@ -2,6 +2,9 @@
 import numpy as np
 import pytest
 
+from milegpo_cli.errors import MilegpoError
+from milegpo_cli.intervals import wilson_interval
+
 from milegpo_cli.experiments import stats as S
 
 
@@ -75,12 +78,12 @@ def test_wilson_interval_by_hand(k, n):
     p = k / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    lo, hi = S.wilson_interval(k, n)
+    lo, hi = wilson_interval(k, n)
     assert (lo, hi) == pytest.approx((centre - half, centre + half), abs=1e-12)
     assert 0.0 <= lo <= p <= hi <= 1.0
 
 
 def test_wilson_interval_edges():
-    assert S.wilson_interval(0, 0) is None
-    with pytest.raises(S.StatsError, match="successes"):
-        S.wilson_interval(5, 4)
+    assert wilson_interval(0, 0) is None
+    with pytest.raises(MilegpoError, match="successes"):
+        wilson_interval(5, 4)

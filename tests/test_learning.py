@@ -15,7 +15,8 @@ from rich.console import Console
 from milegpo_cli.store import RunStore
 from milegpo_cli.trainer import loop
 from milegpo_cli.trainer.base_policy import base_policy_dir, ensure_base_policy
-from milegpo_cli.trainer.evaluation import eval_tasks, wilson_interval
+from milegpo_cli.intervals import wilson_interval
+from milegpo_cli.trainer.evaluation import eval_tasks
 from milegpo_cli.trainer.ppo import PPOUpdater, normalise_advantages, ppo_loss, sample_logprobs
 from milegpo_cli.trainer.task_pools import base_tasks, ppo_pool, warmstart_tasks
 from test_trainer import make_config, quiet

@@ -17,7 +17,7 @@ from rich import box
 from rich.table import Table
 
 from milegpo_cli.errors import MilegpoError, RunNotFound
-from milegpo_cli.experiments.stats import wilson_interval
+from milegpo_cli.intervals import wilson_interval
 
 ALL = "all"  # task_type of a whole-split evaluation
 

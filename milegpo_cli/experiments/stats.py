@@ -145,17 +145,3 @@ def gap(id_strata, ood_strata, **kw) -> Summary:
     if len(ids) != len(oods) or any(a.shape != b.shape for a, b in zip(ids, oods)):
         raise StatsError("gap: id and ood scores must pair up (same strata, same seeds)")
     return summarize([a - b for a, b in zip(ids, oods)], **kw)
-
-
-def wilson_interval(successes: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
-    """Wilson score interval of a binomial proportion (successes of n episodes); None when n = 0.
-
-    (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), p = successes / n
-    (``scipy.stats.binomtest(...).proportion_ci(method="wilson")``).
-    """
-    if n <= 0:
-        return None
-    if not 0 <= successes <= n:
-        raise StatsError(f"wilson_interval: successes must be in [0, {n}], got {successes}")
-    ci = stats.binomtest(int(successes), int(n)).proportion_ci(confidence, method="wilson")
-    return float(ci.low), float(ci.high)

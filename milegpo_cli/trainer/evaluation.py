@@ -4,7 +4,7 @@
   (``suite.tasks(split, eval.episodes, seed=EVAL_TASK_SEED)``, the same for every run and seed;
   ALFWorld's generator cycles the six task types, so a multiple of 6 tasks is stratified exactly),
   played in a forked RNG so that the training RNG is untouched. Success is a binomial proportion:
-  every printed rate comes with its Wilson 95 % interval.
+  every printed rate comes with its Wilson 95 % interval (milegpo_cli/intervals.py).
 - **Probe**: the mean log-probability and accuracy of the expert's action on a fixed set of held-out
   expert states (the expert's walkthroughs of the evaluation tasks of each split) — a low-variance
   signal, measured every iteration, that moves long before success does.
@@ -20,26 +20,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from milegpo_cli.intervals import wilson_interval
 from milegpo_cli.trainer.rollout import Episode, RolloutStats, expert_walkthroughs, run_episodes
 
 EVAL_TASK_SEED = 0  # the fixed evaluation task lists do not depend on the run seed
 PHASES = ("untrained", "warmstart", "train")
 
 
-def wilson_interval(successes: float, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion (95 % by default); (0, 1) when n = 0."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def format_success(metrics: dict[str, float]) -> str:
     """"0.312 [0.23, 0.41] n=102": success rate, Wilson 95 % interval and the number of episodes."""
     n = int(metrics.get("episodes", 0))
-    lo, hi = wilson_interval(metrics["success_rate"] * n, n)
+    lo, hi = wilson_interval(metrics["success_rate"] * n, n) or (0.0, 1.0)
     return f"{metrics['success_rate']:.3f} [{lo:.2f}, {hi:.2f}] n={n}"
 
 
@@ -51,7 +42,7 @@ def episode_metrics(episodes) -> dict[str, float]:
     ok = [e for e in episodes if not e.errored]
     ended = [e for e in ok if e.done]
     wins = sum(e.won for e in ok)
-    lo, hi = wilson_interval(wins, len(ok))
+    lo, hi = wilson_interval(wins, len(ok)) or (0.0, 1.0)
     return {
         "success_rate": wins / len(ok) if ok else 0.0,
         "success_ci_low": lo,

@@ -16,9 +16,9 @@ Crash safety (issue 8): per iteration, rows are written in one store transaction
 checkpoint of that iteration; resuming deletes every row after the checkpoint's iteration, so the
 store holds each iteration exactly once.
 
-Under ``accelerate launch`` with several processes, every process plays the same rollouts (same
-seeds) and the DDP update averages them; only the main process writes the store, MLflow and
-checkpoints. Sharding the groups across processes is the seam for real scale-out (not done here).
+Under ``accelerate launch --num_processes K`` each process plays its own G groups (seeds derived from
+its rank), computes their credit and averages its gradients with the others; the main process gathers
+every rank's episodes and alone writes the store, MLflow and checkpoints (trainer/distributed.py).
 """
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ from milegpo_cli.config import Config
 from milegpo_cli.credit import Rollout, RolloutBatch, compute_advantages
 from milegpo_cli.credit.config import canonical_drop
 from milegpo_cli.store.records import CandidateRecord, EpisodeRecord, StepRecord
+from milegpo_cli.trainer.distributed import (broadcast_object, gather_iteration, group_offset, rank_parts, shard,
+                                             world_size)
 from milegpo_cli.trainer.checkpoint import find_checkpoint, latest_checkpoint, save_checkpoint, set_rng_state
 from milegpo_cli.trainer.evaluation import Probe, episode_metrics, format_success, run_evaluation
 from milegpo_cli.trainer.rollout import INVALID_ACTION, Episode, RolloutStats, expert_walkthroughs, run_episodes
@@ -99,14 +101,14 @@ def episode_record(ep: Episode, parts: dict[str, np.ndarray] | None = None, offs
                          length=ep.length, invalid_count=sum(ep.invalid), error=ep.error, steps=steps)
 
 
-def _share_to_bool(x: float) -> bool | None:
-    return None if math.isnan(x) else bool(x >= 0.5)
+def _share(x: float) -> float | None:
+    return None if math.isnan(x) else float(x)
 
 
 def candidate_record(c) -> CandidateRecord:
     return CandidateRecord(group=c.group, key=c.key, kind=c.kind, n_pos=int(c.n_pos), n_neg=int(c.n_neg),
                            rho=float(c.rho), distance=None if math.isinf(c.distance) else float(c.distance),
-                           progress_ok=_share_to_bool(c.progress_ok), branch_ok=_share_to_bool(c.branch_ok),
+                           progress_ok=_share(c.progress_ok), branch_ok=_share(c.branch_ok),
                            credit=float(c.credit))
 
 
@@ -132,13 +134,16 @@ def sample_tasks(pool: Sequence, groups: int, seed: int, iteration: int) -> list
 
 def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite, iteration: int) -> IterationResult:
     """Sample tasks for ``iteration``, roll out G x N episodes, assign credit, update the policy."""
-    seed_everything(derive_seed(config.run.seed, "iteration", iteration))
-    tasks = sample_tasks(pool, config.rollout.groups, config.run.seed, iteration)
+    acc = updater.accelerator  # data parallel (trainer/distributed.py): this rank's block of the K x G tasks
+    seed_everything(derive_seed(config.run.seed, "iteration", iteration, *rank_parts(acc)))
+    tasks = shard(sample_tasks(pool, config.rollout.groups * world_size(acc), config.run.seed, iteration), acc)
     stats = RolloutStats()
     t0 = time.perf_counter()
     episodes = run_episodes(policy, venv, tasks, config.rollout.group_size, max_steps=suite.max_steps,
                             success_reward=config.rollout.success_reward,
                             invalid_penalty=config.policy.invalid_penalty, stats=stats)
+    for e in episodes:  # group numbers unique over ranks
+        e.group += group_offset(acc, config.rollout.groups)
     t_rollout = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -166,15 +171,19 @@ def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite
         else:
             records.append(episode_record(e, parts, offset))
             offset += e.length
+    every = gather_iteration(episodes, records, [candidate_record(c) for c in result.candidates], stats.steps,
+                             policy.model, acc)  # all ranks' output (one process: this one's)
     total = t_rollout + t_credit + t_update
     metrics = {
-        **episode_metrics(episodes),
+        **episode_metrics(every.episodes),
         **_numeric(update),
         **({"skipped_reason": update["skipped_reason"]} if "skipped_reason" in update else {}),
-        "milestones": float(sum(c.kind == "milestone" for c in result.candidates)),
-        "traps": float(sum(c.kind == "trap" for c in result.candidates)),
+        "milestones": float(sum(c.kind == "milestone" for c in every.candidates)),
+        "traps": float(sum(c.kind == "trap" for c in every.candidates)),
         "credit_nonzero_share": float(np.mean(result.credit != 0)) if batch.num_steps else 0.0,
-        "steps": float(stats.steps),
+        "steps": float(every.steps),
+        "world_size": float(every.world_size),
+        **({"weights_equal_across_ranks": float(every.weights_equal)} if every.world_size > 1 else {}),
         "time_rollout_s": t_rollout,
         "time_credit_s": t_credit,
         "time_update_s": t_update,
@@ -183,7 +192,7 @@ def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite
         "credit_time_share": t_credit / total if total > 0 else 0.0,
         "rollout_steps_per_s": stats.steps / t_rollout if t_rollout > 0 else 0.0,
     }
-    return IterationResult(metrics, records, [candidate_record(c) for c in result.candidates])
+    return IterationResult(metrics, every.records, every.candidates)
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -349,14 +358,17 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
         row = store.get_run(resume_run)
         run_id, config = int(row["id"]), Config.from_dict(row["config"])
         ckpt = latest_checkpoint(checkpoint_root(config, run_id))
-        store.delete_after(run_id, ckpt.iteration if ckpt else -1)
-    else:
-        run_id = store.create_run(name=run_name(config), algo=config.run.algo, seed=config.run.seed,
-                                  recipe=config.recipe, config=config.to_dict(), drop=config.credit.drop,
-                                  git_commit=_git_commit(), versions=_versions())
     torch.set_num_threads(config.run.threads)
     accelerator = make_accelerator(config)
-    main = accelerator.is_main_process
+    main = accelerator.is_main_process  # only the main process writes the store, MLflow and checkpoints
+    if resume_run is not None:
+        if main:
+            store.delete_after(run_id, ckpt.iteration if ckpt else -1)
+    else:
+        run_id = broadcast_object(store.create_run(
+            name=run_name(config), algo=config.run.algo, seed=config.run.seed, recipe=config.recipe,
+            config=config.to_dict(), drop=config.credit.drop, git_commit=_git_commit(), versions=_versions())
+            if main else None, accelerator)
     tracker = Tracker(tracker_uri or config.store.mlflow_uri) if main else None
     mlflow_id = store.get_run(run_id).get("mlflow_run_id")
     if tracker is not None:
@@ -365,7 +377,8 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
         else:
             mlflow_id = tracker.start_run(run_name(config), params=config.to_dict(), tags={"milegpo.run_id": run_id})
             store.set_mlflow_run_id(run_id, mlflow_id)
-    store.set_status(run_id, "running")
+    if main:
+        store.set_status(run_id, "running")
     plain = not console.is_terminal  # nohup, CI, a cluster job: one plain line per iteration
     log = partial(console.print, soft_wrap=True)
     suite = build_suite(config)
@@ -380,8 +393,9 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
         evaluate = Evaluator(config, suite, eval_venv, probe, store, tracker, run_id, console)
         start = 0
         if ckpt is None:
-            policy, made = starting_policy(config, suite, accelerator.device, evaluate,
-                                           checkpoint_root(config, run_id), log)
+            with accelerator.main_process_first():  # cached models are built by rank 0 (transformers saves only there)
+                policy, made = starting_policy(config, suite, accelerator.device, evaluate,
+                                               checkpoint_root(config, run_id), log)
             if made and main:  # iteration 0: how the starting policy was made
                 store.record_iteration(run_id, 0, {"phase": "warmstart", **made})
                 tracker.log_metrics(_numeric(made), step=0)
@@ -421,7 +435,8 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
                     raise TrainError(f"training stopped: {bad} consecutive updates skipped for non-finite "
                                      f"loss or advantages (last at iteration {it})")
     except BaseException as err:
-        store.set_status(run_id, "killed" if isinstance(err, KeyboardInterrupt) else "failed")
+        if main:
+            store.set_status(run_id, "killed" if isinstance(err, KeyboardInterrupt) else "failed")
         if tracker is not None:
             tracker.end("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         raise
@@ -429,10 +444,10 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
         venv.close()
         eval_venv.close()
         suite.close()
-    store.set_status(run_id, "finished")
-    if tracker is not None:
+    if tracker is not None:  # main process
+        store.set_status(run_id, "finished")
         tracker.end("FINISHED")
-    print_summary(store, run_id, console, score=config.env.name == "webshop")
+        print_summary(store, run_id, console, score=config.env.name == "webshop")
     return run_id
 
 

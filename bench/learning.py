@@ -1,0 +1,149 @@
+"""Does PPO improve the policy it starts from? Runs a recipe for several seeds and measures, per
+seed and pooled, the held-out gain of the final evaluation over the starting policy (phase
+"warmstart"), paired task by task (both evaluate the same fixed task list), and the change of the
+expert-action probe.
+
+    python bench/learning.py --recipe alfworld --seeds 0 1 2 --parallel 2 --label alfworld
+    python bench/learning.py --recipe webshop --seeds 0 1 2 --label webshop
+    python bench/learning.py --recipe alfworld --seeds 0 --label alfworld-from-nothing \
+        --set base.enabled=false --set policy.score_norm=mean
+
+Writes bench/results/learning_<label>.json (every figure, the commands and the wall time) and prints
+a Markdown table. Runs go to their own store (``--runs-dir``, default runs/learning-<label>); the
+game cache and the cached base policy are shared with runs/ so nothing is built twice. An existing
+finished run of the same recipe, overrides and seed in that store is reused (the bench resumes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from milegpo_cli.store import RunStore  # noqa: E402
+from milegpo_cli.intervals import wilson_interval  # noqa: E402
+
+MILEGPO = os.environ.get("MILEGPO", str(ROOT / ".venv" / "bin" / "milegpo"))
+RNG = np.random.default_rng(0)
+
+
+def paired_interval(diffs: np.ndarray, resamples: int = 10_000) -> tuple[float, float]:
+    """Percentile bootstrap 95 % interval of the mean of paired differences."""
+    if len(diffs) < 2:
+        return float("nan"), float("nan")
+    means = diffs[RNG.integers(0, len(diffs), (resamples, len(diffs)))].mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def train(recipe: str, seed: int, sets: list[str], runs_dir: Path, log: Path) -> float:
+    cmd = [MILEGPO, "train", "--recipe", recipe, "--seed", str(seed), "--runs-dir", str(runs_dir),
+           "--set", f'env.alfworld.data_dir="{ROOT / "runs" / "alfworld"}"']
+    for s in sets:
+        cmd += ["--set", s]
+    start = time.perf_counter()
+    with open(log, "w") as out:
+        subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=True,
+                       env={**os.environ, "ALFWORLD_DATA": str(ROOT / "runs" / "alfworld_data"), "OMP_NUM_THREADS": "1"})
+    return time.perf_counter() - start
+
+
+def outcomes(store, evaluation: dict) -> dict[str, tuple[float, float]]:
+    """task id -> (success, outcome) of one evaluation's episodes."""
+    return {e["task_id"]: (float(e["success"]), float(e["outcome"]))
+            for e in store.episodes(evaluation["run_id"], evaluation_id=evaluation["id"])}
+
+
+def run_gain(store, run: dict) -> dict:
+    """Per split: start vs final evaluation (success, score, probe), paired over tasks."""
+    evals = [e for e in store.evaluations(run["id"]) if e["checkpoint"] is None]
+    out = {}
+    for split in sorted({e["split"] for e in evals}):
+        rows = [e for e in evals if e["split"] == split]
+        start = next(e for e in rows if e["phase"] == "warmstart")
+        final = max((e for e in rows if e["phase"] == "train"), key=lambda e: e["iteration"])
+        a, b = outcomes(store, start), outcomes(store, final)
+        tasks = sorted(set(a) & set(b))
+        out[split] = {
+            "start_success": start["success_rate"], "final_success": final["success_rate"],
+            "start_ci": wilson_interval(start["success_rate"] * start["episodes"], start["episodes"]),
+            "final_ci": wilson_interval(final["success_rate"] * final["episodes"], final["episodes"]),
+            "start_score": start["mean_outcome"], "final_score": final["mean_outcome"],
+            "start_outcome_given_ended": start["metrics"].get("outcome_given_ended"),
+            "final_outcome_given_ended": final["metrics"].get("outcome_given_ended"),
+            "tasks": len(tasks), "final_iteration": final["iteration"],
+            "success_diffs": [b[t][0] - a[t][0] for t in tasks], "score_diffs": [b[t][1] - a[t][1] for t in tasks],
+            "probe_start": start["metrics"].get("probe_expert_logp"), "probe_final": final["metrics"].get("probe_expert_logp"),
+            "probe_acc_start": start["metrics"].get("probe_expert_acc"), "probe_acc_final": final["metrics"].get("probe_expert_acc"),
+        }
+    return out
+
+
+def summarise(per_seed: dict[int, dict]) -> dict:
+    pooled = {}
+    for split in sorted({s for g in per_seed.values() for s in g}):
+        rows = [g[split] for g in per_seed.values() if split in g]
+        sd = np.concatenate([r["success_diffs"] for r in rows])
+        od = np.concatenate([r["score_diffs"] for r in rows])
+        pooled[split] = {"pairs": int(len(sd)), "success_gain": float(sd.mean()), "success_gain_ci": paired_interval(sd),
+                         "score_gain": float(od.mean()), "score_gain_ci": paired_interval(od),
+                         "probe_gain": [r["probe_final"] - r["probe_start"] for r in rows
+                                        if r["probe_final"] is not None and r["probe_start"] is not None]}
+    return pooled
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", default="alfworld")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--parallel", type=int, default=1)
+    ap.add_argument("--set", dest="sets", action="append", default=[])
+    ap.add_argument("--label", default=None)
+    ap.add_argument("--runs-dir", type=Path, default=None)
+    args = ap.parse_args()
+    label = args.label or args.recipe
+    runs_dir = (args.runs_dir or ROOT / "runs" / f"learning-{label}").resolve()
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    if not (runs_dir / "models").exists():
+        (ROOT / "runs" / "models").mkdir(parents=True, exist_ok=True)
+        (runs_dir / "models").symlink_to(ROOT / "runs" / "models", target_is_directory=True)
+    store = RunStore(f"sqlite:///{runs_dir / 'milegpo.db'}")
+    done = {r["seed"]: r for r in store.list_runs() if r["status"] == "finished"}
+    todo = [s for s in args.seeds if s not in done]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max(1, args.parallel)) as pool:
+        walls = dict(zip(todo, pool.map(lambda s: train(args.recipe, s, args.sets, runs_dir, runs_dir / f"seed{s}.log"),
+                                        todo)))
+    runs = {r["seed"]: r for r in store.list_runs() if r["status"] == "finished" and r["seed"] in args.seeds}
+    per_seed = {s: run_gain(store, runs[s]) for s in sorted(runs)}
+    result = {"recipe": args.recipe, "sets": args.sets, "seeds": sorted(runs), "parallel": args.parallel,
+              "wall_s_per_run": walls, "wall_s_total": time.perf_counter() - start, "runs_dir": str(runs_dir),
+              "per_seed": per_seed, "pooled": summarise(per_seed)}
+    out = ROOT / "bench" / "results" / f"learning_{label}.json"
+    out.write_text(json.dumps(result, indent=1, default=float))
+    print(f"| seed | split | start success [95% CI] | final success [95% CI] | paired gain | probe logp start -> final | tasks |")
+    print("|---|---|---|---|---|---|---|")
+    for s, g in per_seed.items():
+        for split, r in g.items():
+            d = np.asarray(r["success_diffs"])
+            lo, hi = paired_interval(d)
+            print(f"| {s} | {split} | {r['start_success']:.3f} [{r['start_ci'][0]:.2f}, {r['start_ci'][1]:.2f}] | "
+                  f"{r['final_success']:.3f} [{r['final_ci'][0]:.2f}, {r['final_ci'][1]:.2f}] | {d.mean():+.3f} "
+                  f"[{lo:+.3f}, {hi:+.3f}] | {r['probe_start']:.3f} -> {r['probe_final']:.3f} | {r['tasks']} |")
+    for split, p in result["pooled"].items():
+        lo, hi = p["success_gain_ci"]
+        print(f"pooled {split}: success gain {p['success_gain']:+.3f} [{lo:+.3f}, {hi:+.3f}] over {p['pairs']} "
+              f"(seed, task) pairs; score gain {p['score_gain']:+.3f}; probe gains {['%+.3f' % g for g in p['probe_gain']]}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
