@@ -11,6 +11,7 @@ Tokenizer pitfall (notes/stack-facts.md): with a Qwen2 model config, ``AutoToken
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -116,25 +117,23 @@ def ensure_tiny_model(cfg: Any, corpus: Iterable[str], cache_dir: str | Path) ->
     folder = Path(cache_dir) / corpus_hash(resolved, sentences)
     if (folder / TINY_MARKER).exists():
         return folder
-    tokenizer = train_tokenizer(sentences, resolved["vocab_size"])
-    model = build_model(resolved, len(tokenizer), tokenizer.eos_token_id)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    # A private temporary folder, renamed into place: concurrent runs building the same model
-    # (e.g. `milegpo ablate --parallel 2`) never see or clobber each other's half-written files.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / TINY_MARKER).write_text(json.dumps({"tiny": resolved, "sentences": len(sentences)}, indent=1))
-        if (folder / TINY_MARKER).exists():  # another process finished the same build first
+    # One builder at a time (e.g. `milegpo ablate --parallel 2`, the ranks of `accelerate launch`);
+    # the others wait and then find it built. The build goes to a private temporary folder renamed
+    # into place, so an interrupted build never leaves a folder with the marker.
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (folder / TINY_MARKER).exists():
             return folder
-        if folder.exists():  # an interrupted earlier build
-            shutil.rmtree(folder, ignore_errors=True)
+        tokenizer = train_tokenizer(sentences, resolved["vocab_size"])
+        model = build_model(resolved, len(tokenizer), tokenizer.eos_token_id)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
         try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            (tmp / TINY_MARKER).write_text(json.dumps({"tiny": resolved, "sentences": len(sentences)}, indent=1))
+            shutil.rmtree(folder, ignore_errors=True)  # an interrupted earlier build
             os.rename(tmp, folder)
-        except OSError:  # lost the race to a concurrent builder: its folder is identical
-            if not (folder / TINY_MARKER).exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return folder

@@ -31,6 +31,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from envs.faults import fault_point
 from milegpo_cli.errors import MilegpoError
+from milegpo_cli.trainer.distributed import minibatches, prepare, sync_gradients
 from milegpo_cli.policy.actions import (GenerateSample, ScoreSample, generate_sample_logprobs,
                                         score_sample_logprobs)
 
@@ -179,7 +180,7 @@ class PPOUpdater:
         if not self.params:
             raise PPOConfigError("ppo: the policy has no trainable parameters")
         optimizer = torch.optim.AdamW(self.params, lr=self.lr, weight_decay=float(cfg_get(ppo_cfg, "weight_decay", 0.0)))
-        self.model, self.optimizer = self.accelerator.prepare(policy.model, optimizer)
+        self.model, self.optimizer = prepare(self.accelerator, policy.model, optimizer)
         self.scheduler = LambdaLR(self.optimizer.optimizer if hasattr(self.optimizer, "optimizer") else self.optimizer,
                                   factor)
         self.updates = 0
@@ -232,8 +233,7 @@ class PPOUpdater:
         stop = False
         for _ in range(self.epochs):
             perm = torch.randperm(len(samples)).tolist()
-            for i in range(0, len(perm), self.minibatch_size):
-                mb = perm[i:i + self.minibatch_size]
+            for mb in minibatches(perm, self.minibatch_size, self.accelerator):
                 denom = float(sum(float(tok_w[j].sum()) for j in mb))
                 self.optimizer.zero_grad(set_to_none=True)
                 ok = True
@@ -266,6 +266,7 @@ class PPOUpdater:
                         sums[key] = sums.get(key, 0.0) + float(value) * n
                     counted += n
                     tokens += sum(s.num_tokens for s in chunk)
+                ok, stop = sync_gradients(self.params, ok, stop, self.accelerator)  # data parallel: average over ranks
                 if stop:
                     self.optimizer.zero_grad(set_to_none=True)
                     metrics["early_stopped"] = 1.0

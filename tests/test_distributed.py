@@ -1,0 +1,65 @@
+"""Data parallel over processes (issue 18): `accelerate launch` with 2 CPU processes (gloo). Each
+rank plays its own groups, gradients are averaged, the weights stay identical on every rank after
+each update (checked by a checksum every iteration), and rank 0 writes one run with everyone's
+episodes. (accelerate 1.16's `launch --cpu` starts several processes only through mpirun, so the
+test launches with --multi_gpu, which on a machine without GPUs runs torchrun's CPU processes.)"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from milegpo_cli.store import RunStore
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",
+        "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
+        "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "eval.episodes=2",
+        "eval.splits=['id']", "eval.probe_states=4", "warmstart.enabled=false", "base.enabled=false",
+        "rollout.train_tasks=8", "env.max_steps=4", "env.alfworld.workers=0", "ppo.minibatch_size=8",
+        f"env.alfworld.data_dir={json.dumps(str(REPO / 'runs' / 'alfworld'))}"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_play_their_own_groups_and_keep_identical_weights(tmp_path):
+    pytest.importorskip("alfworld")
+    if not getattr(__import__("torch").distributed, "is_gloo_available", lambda: False)():
+        pytest.skip("torch without gloo")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ALFWORLD_DATA": str(REPO / "runs" / "alfworld_data"),
+           "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+           "-m", "milegpo_cli", "train", "--recipe", "alfworld", "--iterations", "2",
+           *[x for s in TINY for x in ("--set", s)]]
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+    store = RunStore(tmp_path / "runs" / "milegpo.db")
+    (run,) = store.list_runs()
+    assert run["status"] == "finished"
+    iterations = store.iterations(run["id"])
+    assert [i["iteration"] for i in iterations] == [1, 2]
+    for it in iterations:
+        m = it["metrics"]
+        assert m["world_size"] == 2 and m["weights_equal_across_ranks"] == 1.0
+        assert it["episodes"] == m["episodes"] == 2 * 2 * 2  # K x G x N
+        episodes = store.episodes(run["id"], iteration=it["iteration"])
+        assert len(episodes) == 8
+        groups = {}
+        for e in episodes:
+            groups.setdefault(e["group"], set()).add(e["task_id"])
+        assert len(groups) == 4 and all(len(t) == 1 for t in groups.values())  # 4 groups, one task each
+        assert len({t for ts in groups.values() for t in ts}) == 4  # the ranks played different tasks
+        assert m["steps"] == sum(e["length"] for e in episodes)
+    assert len(store.evaluations(run["id"])) == 2  # start and end, written once (by rank 0)
