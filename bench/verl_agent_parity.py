@@ -2,7 +2,9 @@
 ``gigpo.core_gigpo.compute_gigpo_outcome_advantage`` on the same tensors (issue 18).
 
 Tensors: the step rows of recorded rollouts (bench/results/rollouts_{alfworld,webshop}.jsonl.gz,
-the first --groups groups of each; a third case adds a group of one one-step rollout), multi-token
+the first --groups groups of each, outcome 10 x success, a tenth of the steps flagged invalid with
+verl-agent's penalty 0.1 on their row score and return; a third case adds a group of one one-step
+rollout), multi-token
 responses right-padded to 32 tokens, rows of different trajectories interleaved; both modes,
 exact anchors and similarity grouping; float64 (the 1e-8 check) and float32 (as verl-agent runs).
 verl-agent's module imports ``verl.DataProto`` for type hints only: when verl itself does not
@@ -51,6 +53,7 @@ def load_verl_agent(checkout: Path):
 
 def rows(env: str, groups: int, seed: int, single: bool) -> dict:
     rollouts, names = [], []
+    rng = np.random.default_rng(seed)
     with gzip.open(RESULTS / f"rollouts_{env}.jsonl.gz", "rt") as f:
         for number, line in enumerate(f, start=1):
             r = parse_rollout(line, number)
@@ -58,12 +61,12 @@ def rows(env: str, groups: int, seed: int, single: bool) -> dict:
                 if len(names) == groups:
                     break
                 names.append(r.group)
-            rollouts.append(Rollout(r.group, r.rollout_id, r.states, r.actions, r.rewards, 10.0 * r.outcome))
+            rollouts.append(Rollout(r.group, r.rollout_id, r.states, r.actions, r.rewards, 10.0 * r.outcome,
+                                    invalid=(rng.random(len(r.states)) < 0.1).tolist()))
     if single:
         rollouts.append(Rollout("single", 0, ["s"], ["a"], [10.0], 10.0))
-    rng = np.random.default_rng(seed)
     n = RolloutBatch.from_rollouts(rollouts).num_steps
-    out = rows_from_rollouts(rollouts, 0.95, rng.integers(1, 33, n), max_response_length=32)
+    out = rows_from_rollouts(rollouts, 0.95, rng.integers(1, 33, n), max_response_length=32, invalid_penalty=0.1)
     pos = rng.permutation(n)  # interleave trajectories, each trajectory's rows kept in step order
     for traj in np.unique(out["traj_index"]):
         at = np.flatnonzero(out["traj_index"] == traj)

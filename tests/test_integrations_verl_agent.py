@@ -5,6 +5,7 @@ step's response tokens, for every algorithm. (b) With ``algo="gigpo"`` and no co
 verl-agent's GiGPO as its paper and README state it, re-stated below from those equations (the
 check against verl-agent's own code is bench/verl_agent_parity.py).
 """
+import dataclasses
 import gzip
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from milegpo_cli.credit import ALGORITHMS, CreditConfig, RolloutBatch, compute_advantages
+from milegpo_cli.credit import ALGORITHMS, CreditConfig, Rollout, RolloutBatch, compute_advantages
 from milegpo_cli.integrations.verl_agent import compute_advantage, rows_from_rollouts, verl_agent_config
 from milegpo_cli.interchange import parse_rollout
 
@@ -109,17 +110,20 @@ def gigpo_as_documented(token_level_rewards, step_rewards, response_mask, anchor
     return torch.as_tensor(episode + w * step)[:, None] * response_mask
 
 
-def with_singletons(rollouts):
-    """Add a group holding one one-step rollout (verl-agent's mean 0 / std 1 rule)."""
-    from milegpo_cli.credit import Rollout
-
-    return rollouts + [Rollout("lonely", 0, ["s"], ["a"], [10.0], 1.0)]
+def with_singletons_and_invalid_rows(rollouts, seed=6):
+    """Add a group holding one one-step rollout (verl-agent's mean 0 / std 1 rule) and flag a fifth
+    of the steps as invalid actions (verl-agent takes 0.1 off their row score and return)."""
+    rng = np.random.default_rng(seed)
+    flagged = [dataclasses.replace(r, invalid=(rng.random(len(r.states)) < 0.2).tolist()) for r in rollouts]
+    return flagged + [Rollout("lonely", 0, ["s"], ["a"], [10.0], 1.0)]
 
 
 @pytest.mark.parametrize("mode", ["mean_norm", "mean_std_norm"])
 @pytest.mark.parametrize("env", ["alfworld", "webshop"])
 def test_gigpo_reproduces_verl_agent(mode, env):
-    rows = padded_rows(with_singletons(recorded(env, groups=4)), gamma=0.95, seed=3)
+    rollouts = with_singletons_and_invalid_rows(recorded(env, groups=4))
+    n = RolloutBatch.from_rollouts(rollouts).num_steps
+    rows = rows_from_rollouts(rollouts, 0.95, np.random.default_rng(3).integers(1, 13, n), invalid_penalty=0.1)
     rows, _ = interleave(rows, seed=4)
     adv, _ = call(rows, epsilon=1e-6, step_advantage_w=0.7, mode=mode, algo="gigpo")
     want = gigpo_as_documented(*(rows[k] for k in ROW_KEYS[:5]), 1e-6, 0.7, mode)

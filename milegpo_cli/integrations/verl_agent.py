@@ -10,12 +10,14 @@ scalar advantage is put on every response token of its row (0 on padding), as ve
 Conventions taken from verl-agent's batch:
 - ``index``: episode-group uid (the N copies of a task); ``traj_index``: trajectory uid; the rows
   of a trajectory are in step order (they need not be contiguous).
-- outcome R_i = ``token_level_rewards.sum(-1)`` of the trajectory's rows (verl-agent puts the
-  episode reward, e.g. 10 x success, on every step row); it must be the same on all of them.
-- ``step_rewards`` are verl-agent's already discounted per-step returns G_{i,t}: they enter the
-  batch as the step rewards with gamma = 0, so the estimators' own discounting is the identity.
+- outcome R_i = the highest ``token_level_rewards.sum(-1)`` of the trajectory's rows (verl-agent
+  puts the episode reward, e.g. 10 x success, on every step row, less its invalid-action penalty on
+  the rows whose action was invalid: those rows are flagged invalid, ``CreditConfig.invalid_penalty``).
+- ``step_rewards`` are verl-agent's already discounted per-step returns G_{i,t} (penalty included):
+  they enter the batch as the step rewards with gamma = 0, so the estimators' own discounting is
+  the identity.
 - state key kappa(s_{i,t}) = the anchor observation (exact match within the group, or verl-agent's
-  greedy similarity clustering with ``enable_similarity``).
+  greedy similarity clustering with ``enable_similarity``: ``CreditConfig.similarity_thresh``).
 - ``actions``: the environment actions of the rows when the caller has them. verl-agent does not
   pass them to its advantage function; without them a step's action is identified by the anchor
   observation it led to (a trajectory's last step, whose successor is unseen, by a label of its own).
@@ -29,28 +31,32 @@ and ``mode`` only build the default.
 from __future__ import annotations
 
 from dataclasses import replace
-from difflib import SequenceMatcher
 from typing import Iterable, Sequence
 
 import numpy as np
 import torch
 
 from ..credit import CreditConfig, Rollout, RolloutBatch, compute_advantages
+from ..credit.anchors import cluster_keys
 from ..credit.gigpo import discounted_returns
 
 MODES = {"mean_norm": "mean", "mean_std_norm": "mean_std"}
 
 
 def verl_agent_config(epsilon: float = 1e-6, step_advantage_w: float = 1.0, mode: str = "mean_norm",
+                      enable_similarity: bool = False, similarity_thresh: float = 0.95,
                       **overrides) -> CreditConfig:
-    """verl-agent's GiGPO conventions: one ``mode`` for the episode and the step part, episode
-    statistics over the group's step rows, rewards as given (no extra scale), unbiased std;
-    ``overrides`` set any other :class:`CreditConfig` field (e.g. MileGPO's lambdas)."""
+    """verl-agent's GiGPO conventions for its own tensors: one ``mode`` for the episode and the step
+    part, episode statistics over the group's step rows, anchor groups by the observation alone
+    (optionally verl-agent's similarity clustering), the row scores as given (they already hold
+    10 x success), its invalid-action penalty 0.1, unbiased std; ``overrides`` set any other
+    :class:`CreditConfig` field (e.g. MileGPO's lambdas)."""
     if mode not in MODES:
         raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {mode!r}")
     return CreditConfig(**{"episode_norm": MODES[mode], "step_norm": MODES[mode], "episode_stats": "steps",
-                           "episode_scale": 1.0, "std_unbiased": True, "eps": epsilon,
-                           "omega": step_advantage_w, **overrides})
+                           "anchor_visits": False, "episode_score": "outcome", "episode_scale": 1.0,
+                           "invalid_penalty": 0.1, "std_unbiased": True, "eps": epsilon, "omega": step_advantage_w,
+                           "similarity_thresh": similarity_thresh if enable_similarity else 1.0, **overrides})
 
 
 def anchor_key(obs) -> str:
@@ -64,36 +70,41 @@ def anchor_key(obs) -> str:
     return repr(obs)
 
 
-def similarity_keys(keys: Sequence[str], groups: Sequence, threshold: float) -> list[str]:
-    """verl-agent's similarity grouping: within each group, in row order, a key joins the first
-    cluster whose representative has ``SequenceMatcher`` ratio >= threshold; a cluster's key is
-    its representative."""
-    if not 0.0 < threshold < 1.0:
-        raise ValueError(f"similarity_thresh: must be in (0, 1) with enable_similarity, got {threshold}")
-    reps: dict = {}
-    out = []
-    for key, g in zip(keys, groups):
-        clusters = reps.setdefault(g, [])
-        rep = next((r for r in clusters if SequenceMatcher(None, key, r).ratio() >= threshold), None)
-        if rep is None:
-            clusters.append(key)
-            rep = key
-        out.append(rep)
+def row_order_clusters(keys: list[str], index, thresh: float) -> list[str]:
+    """verl-agent's similarity grouping clusters each group's observations in batch-row order, while
+    the batch interns states rollout by rollout: so the rows are clustered here (credit's
+    ``cluster_keys``) and each key is replaced by its cluster's first member."""
+    out = list(keys)
+    rows_of: dict = {}
+    for row, g in enumerate(index):
+        rows_of.setdefault(g, []).append(row)
+    for rows in rows_of.values():
+        distinct = list(dict.fromkeys(keys[r] for r in rows))
+        labels = cluster_keys(distinct, thresh)
+        first: dict = {}
+        for key, label in zip(distinct, labels):
+            first.setdefault(label, key)
+        for r in rows:
+            out[r] = first[labels[distinct.index(keys[r])]]
     return out
 
 
-def rows_to_batch(outcome: np.ndarray, step_returns: np.ndarray, anchor_obs, index, traj_index,
-                  actions: Sequence[str] | None = None, enable_similarity: bool = False,
-                  similarity_thresh: float = 0.95) -> tuple[RolloutBatch, np.ndarray]:
-    """Regroup step rows into rollouts. Returns the batch and, per flattened batch step, its row."""
-    n = len(outcome)
+def rows_to_batch(row_scores: np.ndarray, step_returns: np.ndarray, anchor_obs, index, traj_index,
+                  actions: Sequence[str] | None = None, invalid_penalty: float = 0.0,
+                  similarity_thresh: float = 1.0) -> tuple[RolloutBatch, np.ndarray]:
+    """Regroup step rows into rollouts. Returns the batch and, per flattened batch step, its row.
+
+    A trajectory's outcome is its highest row score; a row scoring ``invalid_penalty`` less is an
+    invalid-action row (verl-agent took the penalty off its score and its return; the batch flags it
+    and carries the return before the penalty, which the estimators take off again)."""
+    n = len(row_scores)
     for name, arr in (("step_rewards", step_returns), ("anchor_obs", anchor_obs), ("index", index),
                       ("traj_index", traj_index)) + ((("actions", actions),) if actions is not None else ()):
         if len(arr) != n:
             raise ValueError(f"{name}: {len(arr)} rows, but token_level_rewards has {n}")
     keys = [anchor_key(o) for o in anchor_obs]
-    if enable_similarity:
-        keys = similarity_keys(keys, list(index), similarity_thresh)
+    if similarity_thresh < 1.0:
+        keys = row_order_clusters(keys, index, similarity_thresh)
     rows_of: dict = {}
     for row, traj in enumerate(traj_index):
         rows_of.setdefault(traj, []).append(row)
@@ -102,15 +113,21 @@ def rows_to_batch(outcome: np.ndarray, step_returns: np.ndarray, anchor_obs, ind
         groups = {index[r] for r in rows}
         if len(groups) != 1:
             raise ValueError(f"traj_index: trajectory {traj!r} has rows in several groups {sorted(map(str, groups))}")
-        if len({float(outcome[r]) for r in rows}) != 1:
-            raise ValueError(f"token_level_rewards: the rows of trajectory {traj!r} carry different episode rewards")
+        scores = row_scores[rows]
+        outcome = float(scores.max())
+        tol = 1e-5 * (1.0 + abs(outcome))  # float32 token sums
+        invalid = scores < outcome - tol
+        if invalid.any() and (invalid_penalty == 0 or np.abs(outcome - scores[invalid] - invalid_penalty).max() > tol):
+            raise ValueError(f"token_level_rewards: the rows of trajectory {traj!r} carry different episode rewards "
+                             f"{sorted(set(scores.tolist()))} (an invalid-action row may only differ by "
+                             f"invalid_penalty = {invalid_penalty})")
         if actions is not None:
             acts = [str(actions[r]) for r in rows]
         else:  # the transition a step caused; the last step's successor is not in the batch
             acts = [f"-> {keys[r]}" for r in rows[1:]] + [f"-> end of {traj!r}"]
-        rollouts.append(Rollout(group=str(index[rows[0]]), rollout_id=str(traj),
-                                states=[keys[r] for r in rows], actions=acts,
-                                rewards=[float(step_returns[r]) for r in rows], outcome=float(outcome[rows[0]])))
+        rollouts.append(Rollout(group=str(index[rows[0]]), rollout_id=str(traj), states=[keys[r] for r in rows],
+                                actions=acts, outcome=outcome, invalid=invalid.tolist(),
+                                rewards=(step_returns[rows] + invalid_penalty * invalid).tolist()))
     order = np.fromiter((r for rows in rows_of.values() for r in rows), dtype=np.int64, count=n)
     return RolloutBatch.from_rollouts(rollouts), order
 
@@ -123,13 +140,13 @@ def compute_advantage(token_level_rewards: torch.Tensor, step_rewards: torch.Ten
     """Per-token advantages of ``algo`` for verl-agent step rows; returns (advantages, returns),
     both shaped like ``response_mask`` (verl-agent returns the advantage twice), in the dtype and
     on the device of ``token_level_rewards``: A_{row} * response_mask[row]."""
-    config = config or verl_agent_config(epsilon, step_advantage_w, mode)
-    outcome = token_level_rewards.detach().sum(dim=-1).double().cpu().numpy()
+    config = config or verl_agent_config(epsilon, step_advantage_w, mode, enable_similarity, similarity_thresh)
+    scores = token_level_rewards.detach().sum(dim=-1).double().cpu().numpy()
     returns = torch.as_tensor(step_rewards).detach().reshape(-1).double().cpu().numpy()
-    batch, order = rows_to_batch(outcome, returns, anchor_obs, index, traj_index, actions,
-                                 enable_similarity, similarity_thresh)
-    result = compute_advantages(batch, algo, replace(config, gamma=0.0), drop)
-    per_row = np.empty(len(outcome))
+    batch, order = rows_to_batch(scores, returns, anchor_obs, index, traj_index, actions, config.invalid_penalty,
+                                 config.similarity_thresh)
+    result = compute_advantages(batch, algo, replace(config, gamma=0.0, similarity_thresh=1.0), drop)
+    per_row = np.empty(len(scores))
     per_row[order] = result.advantage
     mask = response_mask.to(token_level_rewards.dtype)
     adv = torch.as_tensor(per_row, device=mask.device).to(mask.dtype).unsqueeze(-1) * mask
@@ -137,10 +154,12 @@ def compute_advantage(token_level_rewards: torch.Tensor, step_rewards: torch.Ten
 
 
 def rows_from_rollouts(rollouts: Sequence[Rollout], gamma: float, response_lengths: Sequence[int],
-                       max_response_length: int | None = None, dtype=torch.float64) -> dict:
+                       max_response_length: int | None = None, dtype=torch.float64,
+                       invalid_penalty: float = 0.0) -> dict:
     """The inverse of :func:`rows_to_batch`: the verl-agent step rows of ``rollouts`` (for tests and
     benches). Row k is right-padded to ``max_response_length`` with ``response_lengths[k]`` valid
-    tokens; the outcome sits on its last valid token; ``step_rewards`` are the discounted returns."""
+    tokens; the outcome sits on its last valid token; ``step_rewards`` are the discounted returns;
+    a row flagged invalid has ``invalid_penalty`` taken off both, as verl-agent does."""
     batch = RolloutBatch.from_rollouts(rollouts)
     lengths = np.asarray(response_lengths, dtype=np.int64)
     if lengths.shape != (batch.num_steps,) or (lengths < 1).any():
@@ -148,9 +167,10 @@ def rows_from_rollouts(rollouts: Sequence[Rollout], gamma: float, response_lengt
     width = int(max_response_length or lengths.max())
     mask = torch.as_tensor(np.arange(width)[None, :] < lengths[:, None], dtype=dtype)
     token_rewards = torch.zeros(batch.num_steps, width, dtype=dtype)
+    penalty = invalid_penalty * batch.step_invalid
     token_rewards[torch.arange(batch.num_steps), torch.as_tensor(lengths - 1)] = torch.as_tensor(
-        batch.outcome[batch.step_rollout], dtype=dtype)
-    returns = discounted_returns(batch.reward, batch.offset, batch.length, gamma)
+        batch.outcome[batch.step_rollout] - penalty, dtype=dtype)
+    returns = discounted_returns(batch.reward, batch.offset, batch.length, gamma) - penalty
     traj = [f"{batch.group_names[batch.rollout_group[i]]}#{batch.rollout_ids[i]}" for i in batch.step_rollout]
     return dict(token_level_rewards=token_rewards, step_rewards=torch.as_tensor(returns, dtype=dtype),
                 response_mask=mask, anchor_obs=np.array([batch.state_keys[s] for s in batch.step_state], dtype=object),
