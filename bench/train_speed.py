@@ -1,22 +1,34 @@
-"""Trainer speed: rollout steps/s, update tokens/s, update throughput against a plain transformers
-loop on the same batch, and the time share of credit assignment in an iteration.
+"""Trainer speed in one run: the optimised trainer against its ``--baseline`` (every optimisation of
+docs/performance.md off), bare engine speed, the transition cache, update vs a plain loop.
 
-    .venv/bin/python bench/train_speed.py --recipe alfworld --iterations 3 [--set key=value ...]
+    nice -n 10 .venv/bin/python bench/train_speed.py --recipe alfworld --iterations 2 [--set key=value ...]
 
-Per iteration (trainer.loop.train_iteration, no store): rollout of G x N episodes, credit, PPO
-update. Then, on the last iteration's samples, the PPOUpdater (epochs x minibatches) is timed
-against a plain loop over the *same* minibatches: each sample's tokens (prompt + every candidate,
-or prompt + reply) as one sequence, ``model(input_ids, attention_mask, labels)`` forward/backward,
-gradient clipping, AdamW step. Both count the same tokens (ScoreSample/GenerateSample.num_tokens),
-so the ratio of tokens/s is the trainer's overhead (target >= 0.8). Credit share = credit time /
-(rollout + credit + update) per iteration (target <= 2%). Appends a row to bench/results/train_speed.csv.
+Measured, on the recipe's G x N and the same seeds:
+- bare engine: steps/s of the vector env on the iteration's games, random admissible actions, no
+  policy, no cache, no oracle;
+- per iteration (trainer.loop.train_iteration + a store write on SQLite), baseline then optimised:
+  wall time split into env, policy, credit, update and store; rollout steps/s; cache hit rate.
+  Baseline = ``env.alfworld.cache=false``, ``env.oracle="all"``, the grammar-condition memo off
+  and per-sample scoring in the update (``ppo.micro_batch_size=1``); optimised = the recipe;
+- rollout steps/s with the cache off (same policy, same tasks) to isolate the cache;
+- update vs plain: the PPOUpdater against a plain transformers forward/backward/AdamW loop over
+  the same minibatches of the same tokens (ScoreSample/GenerateSample.num_tokens);
+- peak RSS of this process (cache on).
+S = baseline iteration time / optimised iteration time; C = optimised rollout steps/s (policy
+included) / bare engine steps/s; U = update tokens/s / plain tokens/s. Appends a row to
+bench/results/train_speed.csv; the last line printed is ``speedup S cache_vs_engine C update_vs_plain U``.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import os
 import platform
+import random
+import resource
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +37,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "train_speed.csv"
+BASELINE = ["env.alfworld.cache=false", 'env.oracle="all"', "ppo.micro_batch_size=1"]
 
 
 def plain_loop(model, samples, minibatch_size: int, epochs: int, lr: float, pad_id: int, order) -> float:
@@ -51,77 +64,162 @@ def plain_loop(model, samples, minibatch_size: int, epochs: int, lr: float, pad_
     return tokens / (time.perf_counter() - start)
 
 
+def bare_engine(suite, tasks, group_size: int) -> float:
+    """Steps/s of the vector env alone: random admissible actions, no cache, no oracle."""
+    from envs.alfworld.engine import AlfworldVectorEnv
+
+    venv = AlfworldVectorEnv(len(tasks) * group_size, max_steps=suite.max_steps, workers=suite.config.workers)
+    rng = random.Random(0)
+    try:
+        obs = venv.reset([t for t in tasks for _ in range(group_size)])
+        acts = [rng.choice(o.admissible) for o in obs]
+        n, t0 = 0, time.perf_counter()
+        while any(a is not None for a in acts):
+            res = venv.step(acts)
+            n += sum(r is not None for r in res)
+            acts = [None if r is None or r.done else rng.choice(r.observation.admissible) for r in res]
+        return n / (time.perf_counter() - t0)
+    finally:
+        venv.close()
+
+
+class Trainer:
+    """One configuration: suite, vector env, policy, updater and a SQLite store."""
+
+    def __init__(self, recipe: str, sets: list[str], root: str):
+        from milegpo_cli.config import load_config
+        from milegpo_cli.store import RunStore
+        from milegpo_cli.trainer import loop
+        from milegpo_cli.trainer.ppo import PPOUpdater
+
+        self.loop = loop
+        self.config = c = load_config(recipe, [*sets, f'store.root="{root}"'])
+        self.suite = loop.build_suite(c)
+        G, N = c.rollout.groups, c.rollout.group_size
+        self.venv = self.suite.make_vector_env(G * N, oracle=c.env.oracle)
+        self.policy = loop.build_policy(c, self.suite, loop.make_accelerator(c).device)
+        self.updater = PPOUpdater(self.policy, c.ppo, loop.make_accelerator(c), total_updates=100)
+        self.pool = loop.train_pool(c, self.suite)
+        self.store = RunStore(Path(tempfile.mkdtemp(dir=root)) / "runs.db")
+        self.run_id = self.store.create_run(name="bench", algo=c.run.algo, seed=c.run.seed, config=c.to_dict())
+
+    def iteration(self, it: int) -> dict:
+        m = self.loop.train_iteration(self.config, self.policy, self.updater, self.venv, self.pool, self.suite, it)
+        t0 = time.perf_counter()
+        self.store.record_iteration(self.run_id, it, m.metrics, m.episodes, m.candidates)
+        m.metrics["time_store_s"] = time.perf_counter() - t0
+        return m.metrics
+
+    def close(self) -> None:
+        self.venv.close()
+        self.suite.close()
+        self.store.close()
+
+
+def breakdown(rows: list[dict]) -> dict:
+    keys = ("time_env_s", "time_policy_s", "time_credit_s", "time_update_s", "time_store_s")
+    out = {k: float(np.mean([r[k] for r in rows])) for k in keys}
+    out["iteration_s"] = float(np.mean([r["time_rollout_s"] + r["time_credit_s"] + r["time_update_s"] + r["time_store_s"]
+                                        for r in rows]))
+    out["rollout_steps_per_s"] = sum(r["steps"] for r in rows) / sum(r["time_rollout_s"] for r in rows)
+    out["cache_hit_rate"] = float(np.mean([r["cache_hit_rate"] for r in rows]))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", default="alfworld")
-    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--root", default="runs/bench")
+    ap.add_argument("--baseline", action="store_true", help="measure the baseline path only (every optimisation off)")
     args = ap.parse_args()
     os.environ.setdefault("ALFWORLD_DATA", str(HERE.parent / "runs" / "alfworld_data"))
+    Path(args.root).mkdir(parents=True, exist_ok=True)
+    from envs.alfworld import engine
 
-    from milegpo_cli.config import load_config
-    from milegpo_cli.trainer import loop
-    from milegpo_cli.trainer.ppo import PPOUpdater
-
-    config = load_config(args.recipe, [*args.sets, f'store.root="{args.root}"'])
-    torch.set_num_threads(config.run.threads)
-    suite = loop.build_suite(config)
-    venv = suite.make_vector_env(config.rollout.groups * config.rollout.group_size, oracle=True)
-    accelerator = loop.make_accelerator(config)
-    policy = loop.build_policy(config, suite, accelerator.device)
-    updater = PPOUpdater(policy, config.ppo, accelerator, total_updates=args.iterations + 1)
-    pool = loop.train_pool(config, suite)
-    rows = []
-    for it in range(1, args.iterations + 1):
-        m = loop.train_iteration(config, policy, updater, venv, pool, suite, it).metrics
-        rows.append(m)
-        print(f"iteration {it}: {m['steps']:.0f} steps, rollout {m['time_rollout_s']:.2f}s, credit "
-              f"{m['time_credit_s'] * 1e3:.1f}ms, update {m['time_update_s']:.2f}s, success {m['success_rate']:.2f}")
-
-    # trainer update vs plain loop on the same samples and minibatch order, interleaved
-    loop.seed_everything(1)
-    tasks = suite.tasks("train", config.rollout.groups, seed=12345)
-    from milegpo_cli.trainer.rollout import run_episodes
-    eps = run_episodes(policy, venv, tasks, config.rollout.group_size, max_steps=suite.max_steps,
-                       success_reward=config.rollout.success_reward, invalid_penalty=config.policy.invalid_penalty)
-    samples = [s for e in eps if not e.errored for s in e.samples]
-    adv = np.random.default_rng(0).standard_normal(len(samples))
-    trainer_tps, plain_tps = [], []
-    for rep in range(2):
-        torch.manual_seed(rep)
-        m = updater.update(samples, adv)
-        trainer_tps.append(m["tokens"] / m["time_s"])
-        torch.manual_seed(rep)
-        order = [torch.randperm(len(samples)).tolist() for _ in range(config.ppo.epochs)]
-        plain_tps.append(plain_loop(policy.model, samples, config.ppo.minibatch_size, config.ppo.epochs,
-                                    config.ppo.lr, policy.pad_id, order))
-    venv.close()
-    suite.close()
-    steps = sum(r["steps"] for r in rows)
-    t_roll = sum(r["time_rollout_s"] for r in rows)
-    t_credit = sum(r["time_credit_s"] for r in rows)
-    t_total = sum(r["time_rollout_s"] + r["time_credit_s"] + r["time_update_s"] for r in rows)
-    out = {
-        "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.machine()} {os.cpu_count()} cpu",
-        "recipe": args.recipe, "algo": config.run.algo, "groups": config.rollout.groups,
-        "group_size": config.rollout.group_size, "iterations": args.iterations, "steps": int(steps),
-        "rollout_steps_per_s": round(steps / t_roll, 2),
-        "update_tokens_per_s": round(float(np.median(trainer_tps)), 1),
-        "plain_tokens_per_s": round(float(np.median(plain_tps)), 1),
-        "update_vs_plain_ratio": round(float(np.median(trainer_tps) / np.median(plain_tps)), 3),
-        "credit_ms_per_iteration": round(1e3 * t_credit / len(rows), 2),
-        "credit_time_share": round(t_credit / t_total, 5),
-    }
+    torch.set_num_threads(1)
+    results: dict[str, dict] = {}
+    for name in (["baseline"] if args.baseline else ["baseline", "optimised"]):
+        engine.install_engine_caches(True, queries=name != "baseline")
+        tr = Trainer(args.recipe, [*args.sets, *(BASELINE if name == "baseline" else [])], args.root)
+        torch.set_num_threads(tr.config.run.threads)
+        if name == "optimised" or args.baseline:
+            c = tr.config
+            tasks = tr.loop.sample_tasks(tr.pool, c.rollout.groups, c.run.seed, 1)
+            results["bare"] = {"engine_steps_per_s": bare_engine(tr.suite, tasks, c.rollout.group_size)}
+        rows = []
+        for it in range(1, args.iterations + 1):
+            m = tr.iteration(it)
+            rows.append(m)
+            print(f"{name} iteration {it}: {m['steps']:.0f} steps, env {m['time_env_s']:.2f}s, policy "
+                  f"{m['time_policy_s']:.2f}s, credit {m['time_credit_s'] * 1e3:.1f}ms, update {m['time_update_s']:.2f}s, "
+                  f"store {m['time_store_s']:.2f}s, cache hits {m['cache_hit_rate']:.2f}", flush=True)
+        results[name] = breakdown(rows)
+        if name == "optimised":
+            results["optimised"]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            # the same rollouts with the cache off (a fresh vector env: no shared cache)
+            tr.venv.close()
+            tr.suite.config = dataclasses.replace(tr.config.env.alfworld, cache=False)
+            tr.venv = tr.suite.make_vector_env(tr.config.rollout.groups * tr.config.rollout.group_size,
+                                               oracle=tr.config.env.oracle)
+            from milegpo_cli.trainer.rollout import RolloutStats, run_episodes
+            stats = RolloutStats()
+            tr.loop.seed_everything(1)
+            t0 = time.perf_counter()
+            run_episodes(tr.policy, tr.venv, tr.loop.sample_tasks(tr.pool, tr.config.rollout.groups, tr.config.run.seed, 1),
+                         tr.config.rollout.group_size, max_steps=tr.suite.max_steps,
+                         success_reward=tr.config.rollout.success_reward,
+                         invalid_penalty=tr.config.policy.invalid_penalty, stats=stats)
+            results["optimised"]["rollout_steps_per_s_cache_off"] = stats.steps / (time.perf_counter() - t0)
+            # update vs plain on the same samples and minibatch order, interleaved
+            tr.loop.seed_everything(1)
+            eps = run_episodes(tr.policy, tr.venv, tr.suite.tasks("train", tr.config.rollout.groups, seed=12345),
+                               tr.config.rollout.group_size, max_steps=tr.suite.max_steps,
+                               success_reward=tr.config.rollout.success_reward,
+                               invalid_penalty=tr.config.policy.invalid_penalty)
+            samples = [s for e in eps if not e.errored for s in e.samples]
+            adv = np.random.default_rng(0).standard_normal(len(samples))
+            trainer_tps, plain_tps = [], []
+            for rep in range(2):
+                torch.manual_seed(rep)
+                m = tr.updater.update(samples, adv)
+                trainer_tps.append(m["tokens"] / m["time_s"])
+                torch.manual_seed(rep)
+                order = [torch.randperm(len(samples)).tolist() for _ in range(tr.config.ppo.epochs)]
+                plain_tps.append(plain_loop(tr.policy.model, samples, tr.config.ppo.minibatch_size, tr.config.ppo.epochs,
+                                            tr.config.ppo.lr, tr.policy.pad_id, order))
+            results["update"] = {"update_tokens_per_s": float(np.median(trainer_tps)),
+                                 "plain_tokens_per_s": float(np.median(plain_tps))}
+        tr.close()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=HERE).stdout.strip()
+    base = results["baseline"]
+    opt = results.get("optimised", base)
+    upd = results.get("update", {"update_tokens_per_s": float("nan"), "plain_tokens_per_s": float("nan")})
+    S = base["iteration_s"] / opt["iteration_s"]
+    C = opt["rollout_steps_per_s"] / results["bare"]["engine_steps_per_s"]
+    U = upd["update_tokens_per_s"] / upd["plain_tokens_per_s"]
+    out = {"date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit,
+           "machine": f"{platform.machine()} {os.cpu_count()} cpu", "recipe": args.recipe,
+           "sets": " ".join(args.sets), "iterations": args.iterations, "baseline_only": args.baseline,
+           "bare_engine_steps_per_s": results["bare"]["engine_steps_per_s"]}
+    for name in ("baseline", "optimised"):
+        for k, v in results.get(name, {}).items():
+            out[f"{name}_{k}"] = v
+    out.update(upd)
+    out.update(speedup=S, cache_vs_engine=C, update_vs_plain=U)
+    out = {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
     for k, v in out.items():
-        print(f"{k:>24}: {v}")
+        print(f"{k:>42}: {v}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    new = not RESULTS.exists()
-    with open(RESULTS, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(out))
+    new = not RESULTS.exists() or "commit" not in RESULTS.read_text().splitlines()[0]
+    with open(RESULTS, "w" if new else "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(out), extrasaction="ignore")
         if new:
             w.writeheader()
         w.writerow(out)
+    print(f"speedup {S:.2f} cache_vs_engine {C:.2f} update_vs_plain {U:.2f}")
 
 
 if __name__ == "__main__":

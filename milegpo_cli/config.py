@@ -57,6 +57,7 @@ class RunConfig:
 class EnvConfig:
     name: Literal["alfworld", "webshop"] = "alfworld"
     max_steps: int = 30
+    oracle: Literal["all", "sample", "off"] = "sample"  # expert labels in training rollouts (ALFWorld: env.alfworld.oracle_share)
     alfworld: AlfworldConfig = field(default_factory=AlfworldConfig)
     webshop: WebshopConfig = field(default_factory=WebshopConfig)
 

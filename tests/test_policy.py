@@ -186,3 +186,49 @@ def test_bad_inputs_raise_clear_errors(cache, score_policy):
         score_policy.act([obs(0)], [[]], [0])
     with pytest.raises(PolicyError, match="histories"):
         score_policy.act([obs(2)], [], [0])
+
+
+def _expanded_kv_logprobs(model, prompts, candidates, pad_id):
+    """The scoring before packing (reference): prompts once, left-padded; their KV cache expanded to
+    the candidates, which run as one right-padded batch."""
+    import torch.nn.functional as F
+    from milegpo_cli.policy.actions import pad
+
+    p_ids, p_mask = pad(prompts, pad_id, left=True, device="cpu")
+    out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0),
+                use_cache=True)
+    first = F.log_softmax(out.logits[:, -1].float(), dim=-1)
+    owner = torch.tensor([b for b, cs in enumerate(candidates) for _ in cs])
+    c_ids, c_mask = pad([c for cs in candidates for c in cs], pad_id, left=False, device="cpu")
+    cache = out.cache if hasattr(out, "cache") else out.past_key_values
+    cache.batch_select_indices(owner)
+    c_out = model(input_ids=c_ids, attention_mask=torch.cat([p_mask[owner], c_mask], dim=1),
+                  position_ids=p_mask.sum(-1)[owner, None] + torch.arange(c_ids.shape[1]), use_cache=True,
+                  **{"cache" if hasattr(out, "cache") else "past_key_values": cache})
+    tok = torch.cat([first[owner].gather(-1, c_ids[:, :1]),
+                     F.log_softmax(c_out.logits[:, :-1].float(), dim=-1).gather(-1, c_ids[:, 1:, None]).squeeze(-1)], 1)
+    return list((tok * c_mask).sum(-1).split([len(cs) for cs in candidates]))
+
+
+def test_packed_scoring_equals_expanded_kv_scoring_and_gradients_flow(cache):
+    from milegpo_cli.policy.actions import ScoreSample, score_sample_logprobs
+
+    policy = Policy.from_config(make_cfg(), CORPUS, cache, "cpu")
+    with torch.no_grad():  # sharpen attention so that a wrong mask or position would show
+        for name, p in policy.model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(30.0)
+    observations = [obs(10), obs(4, "You are in the middle of a room."), obs(1), obs(7)]
+    histories = [[], [("You see a fridge 1.", "look"), ("Nothing happens.", "inventory")], [], [("a", "look")]]
+    prompts = [policy.encode(o, h, len(h)) for o, h in zip(observations, histories)]
+    cands = [[policy.candidate_ids(a) for a in o.admissible] for o in observations]
+    with torch.no_grad():
+        packed = candidate_logprobs(policy.model, prompts, cands, policy.pad_id)
+        ref = _expanded_kv_logprobs(policy.model, prompts, cands, policy.pad_id)
+    for got, want in zip(packed, ref):
+        assert torch.allclose(got, want, rtol=0.0, atol=1e-5), (got - want).abs().max()
+    samples = [ScoreSample(p, c, len(c) - 1, 1.0, 0.0) for p, c in zip(prompts, cands)]
+    logp, ent = score_sample_logprobs(policy.model, samples, policy.pad_id)
+    logp.sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in policy.model.parameters() if p.requires_grad)
+    assert logp.shape == ent.shape == (4,) and float(logp[2].detach()) == 0.0  # one candidate: probability 1

@@ -17,6 +17,7 @@ TASK_TYPES = (
 SPLITS = ("train", "id", "ood")
 OFFICIAL_SPLITS = {"train": "train", "id": "valid_seen", "ood": "valid_unseen"}
 EXPERTS = ("handcoded", "planner")
+ORACLE_MODES = ("all", "sample", "off")  # which slots of a vector env made with oracle labels run the expert
 
 # ALFWorld's own scene split (alfworld/gen/constants.py TRAIN_/TEST_SCENE_NUMBERS): floor plans
 # 7-30 of each room type are training rooms, 1-6 are held out (valid_unseen / OOD).
@@ -51,6 +52,9 @@ class AlfworldConfig:
     verify_steps: int = 50  # the expert must win within this many steps for a game to be kept
     workers: int = -1  # engine processes of a vector env: -1 = min(num_envs, cpu count), 0 = in-process
     step_timeout_s: float = 30.0  # per-step engine timeout (worker processes only); 0 = none
+    cache: bool = True  # exact transition cache (engine.TransitionCache): same episodes, fewer engine steps
+    cache_size: int = 200_000  # transitions kept per process (least recently used evicted; ~1 KB each)
+    oracle_share: float = 0.25  # oracle = "sample": share of a vector env's slots (leading ones) with the expert
     official_data: str | None = None  # folder with train/ valid_seen/ valid_unseen/ (json_2.1.1)
 
     def __post_init__(self) -> None:
@@ -73,6 +77,10 @@ class AlfworldConfig:
         for name in ("train_games", "id_games", "ood_games", "verify_steps"):
             if getattr(self, name) < 1:
                 raise EnvError(f"{name}: must be >= 1")
+        if self.cache_size < 1:
+            raise EnvError("cache_size: must be >= 1")
+        if not 0.0 < self.oracle_share <= 1.0:
+            raise EnvError("oracle_share: must be in (0, 1]")
         if self.step_timeout_s < 0:
             raise EnvError("step_timeout_s: must be >= 0")
         if self.official_data is not None and not os.path.isdir(self.official_path):

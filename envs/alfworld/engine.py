@@ -5,10 +5,19 @@ changes (a group's N rollouts of one task reset without reloading). :class:`Alfw
 spreads N slots over worker processes (slot i -> worker i mod W); each worker steps its slots in
 turn, so a group of 8 on W cores runs about W times faster than serially (docs/envs.md).
 
-Two process-wide caches make the engine cheaper without changing what it computes (measured in
-bench/env_speed.py): the PDDL -> SAS translation of a problem (done twice per reset by
-``PddlState``) and the parse of grammar strings (textworld parses every rule text with tatsu
-on each derivation). Both are keyed on their full input text.
+Three process-wide memo tables make the engine cheaper without changing what it computes (measured
+in bench/env_speed.py): the PDDL -> SAS translation of a problem (done twice per reset by
+``PddlState``), the parse of grammar strings and the parse of grammar conditions (textworld
+parses every rule text and every condition with tatsu on each derivation). All are keyed on their
+full input text.
+
+On top of them, an exact transition cache (:class:`TransitionCache`, ``env.alfworld.cache``):
+(game, expert, full engine state, command) -> (feedback text, next state), where the full engine
+state is the set of PDDL facts (the engine's outputs -- text, admissible commands, win, planner
+plan -- are functions of it and the command). A hit does not advance the real engine: the env
+keeps a logical state, and on a miss first brings the engine there by the cheapest known path
+(:meth:`GameEnv._materialise`). The handcoded expert keeps a memory of the episode, so envs that
+run it bypass the cache.
 """
 from __future__ import annotations
 
@@ -21,6 +30,8 @@ import random
 import sys
 import traceback
 import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Sequence
 
 os.environ.setdefault("ALFWORLD_DATA", os.path.abspath(os.path.join("runs", "alfworld_data")))
@@ -75,9 +86,24 @@ def _parse_memo(text, rule_name="symbols", **kwargs):
     return copy.deepcopy(_parse_cached(text, rule_name))  # callers attach contexts to the symbols
 
 
-def install_engine_caches(enabled: bool = True) -> None:
+_parse_query = _textgen.Rule.parse_conjunctive_query.__func__
+
+
+@functools.lru_cache(maxsize=4096)
+def _query_cached(expr: str):
+    return _parse_query(_textgen.Rule, expr)
+
+
+def _query_memo(cls, expr):
+    return _query_cached(expr)  # Rule objects are only read by State.all_assignments
+
+
+def install_engine_caches(enabled: bool = True, queries: bool | None = None) -> None:
+    """Memo tables on (``enabled``) or off; ``queries`` (default: ``enabled``) for the condition parse alone."""
     fast_downward.pddl2sas = _pddl2sas_memo if enabled else _pddl2sas
     _textgen._parse_and_convert = _parse_memo if enabled else _parse_and_convert
+    queries = enabled if queries is None else queries
+    _textgen.Rule.parse_conjunctive_query = classmethod(_query_memo if queries else _parse_query)
 
 
 install_engine_caches()
@@ -103,14 +129,124 @@ def split_intro(text: str) -> tuple[str, str]:
     return "\n".join(lines), task
 
 
-class GameEnv:
-    """One ALFWorld game in this process; ``expert`` None / "handcoded" / "planner"."""
+@dataclass(frozen=True)
+class EngineState:
+    """What the engine shows in one state (a function of its PDDL facts)."""
 
-    def __init__(self, expert: str | None = None, max_steps: int = 50):
+    sid: int  # index of the fact set in the TransitionCache's table for this game
+    admissible: tuple[str, ...]
+    won: bool
+    facts: oracle.Facts
+    plan: tuple[str, ...] | None  # the expert's plan (planner expert), else None
+
+
+class TransitionCache:
+    """Exact, bounded memo of the engine: (game, expert, fact set, command) -> (feedback, next state).
+
+    ``size`` bounds the transitions (least recently used evicted first); the fact-set table and the
+    shortest known command path from the reset to each state are kept per game. ``hits``/``misses``
+    count the lookups of :meth:`get`."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.hits = self.misses = 0
+        self._edges: OrderedDict[tuple, tuple[str, int]] = OrderedDict()
+        self._ids: dict[tuple, dict[tuple[str, ...], int]] = {}  # game -> fact set -> sid
+        self._states: dict[tuple, list[EngineState]] = {}  # game -> sid -> state
+        self._paths: dict[tuple, list[tuple[str, ...]]] = {}  # game -> sid -> shortest known path
+        self._starts: dict[tuple, tuple[str, str, int]] = {}  # game -> (intro text, task, sid)
+
+    def state(self, game: tuple, sid: int) -> EngineState:
+        return self._states[game][sid]
+
+    def path(self, game: tuple, sid: int) -> tuple[str, ...]:
+        return self._paths[game][sid]
+
+    def start(self, game: tuple) -> tuple[str, str, int] | None:
+        return self._starts.get(game)
+
+    def set_start(self, game: tuple, text: str, task: str, sid: int) -> None:
+        self._starts[game] = (text, task, sid)
+
+    def intern(self, game: tuple, fact_set: tuple[str, ...], make, path: tuple[str, ...]) -> int:
+        """sid of a fact set (``make(sid)`` builds its EngineState the first time); keeps ``path``
+        as the way there if it is the shortest seen."""
+        ids = self._ids.setdefault(game, {})
+        sid = ids.get(fact_set)
+        if sid is None:
+            sid = ids[fact_set] = len(ids)
+            self._states.setdefault(game, []).append(make(sid))
+            self._paths.setdefault(game, []).append(path)
+        elif len(path) < len(self._paths[game][sid]):
+            self._paths[game][sid] = path
+        return sid
+
+    def get(self, game: tuple, sid: int, command: str, count: bool = True) -> tuple[str, int] | None:
+        hit = self._edges.get((game, sid, command))
+        if count:
+            self.hits += hit is not None
+            self.misses += hit is None
+            if hit is not None:
+                self._edges.move_to_end((game, sid, command))
+        return hit
+
+    def put(self, game: tuple, sid: int, command: str, feedback: str, nxt: int) -> None:
+        self._edges[(game, sid, command)] = (feedback, nxt)
+        if len(self._edges) > self.size:
+            self._edges.popitem(last=False)
+
+    def route(self, game: tuple, src: int, dst: int, depth: int) -> list[str] | None:
+        """Commands leading src -> dst through cached transitions (breadth-first, <= depth), or None."""
+        frontier, seen = [(src, [])], {src}
+        for _ in range(depth):
+            nxt = []
+            for sid, path in frontier:
+                for cmd in self.state(game, sid).admissible:
+                    edge = self.get(game, sid, cmd, count=False)
+                    if edge is None or edge[1] in seen:
+                        continue
+                    if edge[1] == dst:
+                        return path + [cmd]
+                    seen.add(edge[1])
+                    nxt.append((edge[1], path + [cmd]))
+            frontier = nxt
+        return None
+
+
+_CACHES: dict[int, TransitionCache] = {}
+
+
+def transition_cache(size: int) -> TransitionCache:
+    """The process-wide cache of this size (the envs of a process share what they have seen)."""
+    return _CACHES.setdefault(size, TransitionCache(size))
+
+
+class GameEnv:
+    """One ALFWorld game in this process; ``expert`` None / "handcoded" / "planner"; ``cache``: a
+    TransitionCache (not used with the handcoded expert, whose plan depends on the episode so far)."""
+
+    RESET_COST = 2  # an engine reset costs about two steps (bench/env_speed.py): used to choose a replay
+    ROUTE_DEPTH = 2
+
+    def __init__(self, expert: str | None = None, max_steps: int = 50, cache: TransitionCache | None = None):
         self.expert = expert
         self.max_steps = max_steps
+        self.cache = cache if expert != "handcoded" else None
         self._env = None
-        self._gamefile: str | None = None
+        self._gamefile: str | None = None  # game of the loaded engine
+        self._meta: str | None = None  # game of task_type / params
+        self._at: int | None = None  # sid where the real engine is (cache on), None: not reset since load
+
+    def _load_meta(self, gamefile: str) -> None:
+        if self._meta == gamefile:
+            return
+        with open(gamefile) as f:
+            self._rng_seed = zlib.crc32(json.load(f)["pddl_problem"].encode())
+        with open(os.path.join(os.path.dirname(gamefile), "traj_data.json")) as f:
+            traj = json.load(f)
+        self.task_type = traj["task_type"]
+        self.params = traj["pddl_params"]
+        self._meta = gamefile
 
     def _load(self, gamefile: str) -> None:
         infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
@@ -122,66 +258,122 @@ class GameEnv:
             self._env = textworld.start(gamefile, infos, wrappers)
         finally:
             sys.argv[:] = argv
-        with open(gamefile) as f:
-            self._rng_seed = zlib.crc32(json.load(f)["pddl_problem"].encode())
-        with open(os.path.join(os.path.dirname(gamefile), "traj_data.json")) as f:
-            traj = json.load(f)
-        self.task_type = traj["task_type"]
-        self.params = traj["pddl_params"]
-        self._gamefile = gamefile
+        self._gamefile, self._at = gamefile, None
 
-    def reset(self, gamefile: str) -> Observation:
+    def _engine_reset(self, gamefile: str):
         if self._env is None or gamefile != self._gamefile:
             self.close()
             self._load(gamefile)
         _EXPERT_RNG.seed(self._rng_seed)
         argv = sys.argv[:]
         try:
-            state = self._env.reset()
+            return self._env.reset()
         finally:
             sys.argv[:] = argv
+
+    def _engine_step(self, command: str):
+        argv = sys.argv[:]
+        try:
+            return self._env.step(command)[0]
+        finally:
+            sys.argv[:] = argv
+
+    def reset(self, gamefile: str) -> Observation:
+        self._load_meta(gamefile)
+        self.game = (gamefile, self.expert)
+        start = self.cache.start(self.game) if self.cache is not None else None
+        if start is None:
+            state = self._engine_reset(gamefile)
+            text, self.task = split_intro(state.feedback)
+            self._sid = self._view(state, ())
+            if self.cache is not None:
+                self.cache.set_start(self.game, text, self.task, self._sid)
+                self._at = self._sid
+        else:  # the engine is reset lazily, at the first miss
+            text, self.task, self._sid = start
+            if self._gamefile != gamefile:
+                self._at = None
         self.steps, self.done, self.won = 0, False, False
-        self._initial = self._facts(state)
+        self._initial = self._state().facts
         self._reached = oracle.subgoals(self._initial, self.task_type, self.params)
-        text, self.task = split_intro(state.feedback)
-        self.obs = self._observation(state, text, self._initial)
+        self.obs = self._observation(text)
         return self.obs
 
-    def _facts(self, state) -> oracle.Facts:
-        names = {k: info.name for k, info in state["_entity_infos"].items()}
-        return oracle.parse_facts(state["_facts"], names)
+    def _view(self, state, path: tuple[str, ...]):
+        """The EngineState of the engine's current state: its sid with the cache, else itself."""
+        def make(sid):
+            names = {k: info.name for k, info in state["_entity_infos"].items()}
+            admissible = tuple(c for c in state["admissible_commands"] if c not in DROPPED_COMMANDS)
+            plan = None
+            if self.expert is not None:
+                plan = tuple(c for c in (state.get("extra.expert_plan") or []) if c in admissible)
+            return EngineState(sid, admissible, bool(state["won"]), oracle.parse_facts(state["_facts"], names), plan)
 
-    def _observation(self, state, text: str, facts: oracle.Facts) -> Observation:
-        admissible = tuple(c for c in state["admissible_commands"] if c not in DROPPED_COMMANDS)
-        oracle_actions = None
-        if self.expert is not None:
-            plan = [c for c in (state.get("extra.expert_plan") or []) if c in admissible]
-            oracle_actions = tuple(plan[:1])
-        return Observation(text=text, task=self.task, admissible=admissible,
-                           state_key=oracle.state_key(facts, self._initial),
-                           oracle_actions=oracle_actions)
+        if self.cache is None:
+            self._current = make(-1)
+            return -1
+        return self.cache.intern(self.game, tuple(sorted(map(str, state["_facts"]))), make, path)
+
+    def _state(self) -> EngineState:
+        return self._current if self.cache is None else self.cache.state(self.game, self._sid)
+
+    def _materialise(self) -> None:
+        """Bring the real engine to the logical state: nothing, a route through cached transitions
+        from where it is, or a reset and the shortest known path, whichever is cheapest."""
+        if self._at == self._sid and self._gamefile == self.game[0] and self._env is not None:
+            return
+        route = None
+        if self._at is not None and self._gamefile == self.game[0] and self._env is not None:
+            route = self.cache.route(self.game, self._at, self._sid, self.ROUTE_DEPTH)
+        path = self.cache.path(self.game, self._sid)
+        if route is None or len(route) > len(path) + self.RESET_COST:
+            self._engine_reset(self.game[0])
+            self._at, route = self.cache.start(self.game)[2], list(path)
+        for cmd in route:
+            state = self._engine_step(cmd)
+            self._at = self._view(state, self.cache.path(self.game, self._at) + (cmd,))
+        if self._at != self._sid:
+            raise EngineError(f"transition cache: replay reached state {self._at}, expected {self._sid}")
+
+    def _observation(self, text: str) -> Observation:
+        st = self._state()
+        return Observation(text=text, task=self.task, admissible=st.admissible,
+                           state_key=oracle.state_key(st.facts, self._initial),
+                           oracle_actions=None if st.plan is None else st.plan[:1])
 
     def step(self, action: str) -> StepResult:
         invalid = action not in self.obs.admissible
+        hit = False
         try:
             fault_point("env.step")  # test-only fault injection (envs/faults.py)
-            argv = sys.argv[:]
-            try:
-                state, _, _ = self._env.step(action)
-            finally:
-                sys.argv[:] = argv
+            if self.cache is None:
+                state = self._engine_step(action)
+                feedback = state.feedback.strip()
+                self._view(state, ())
+            else:
+                edge = self.cache.get(self.game, self._sid, action)
+                hit = edge is not None
+                if hit:
+                    feedback, self._sid = edge
+                else:
+                    self._materialise()
+                    state = self._engine_step(action)
+                    feedback = state.feedback.strip()
+                    src = self._sid
+                    self._sid = self._at = self._view(state, self.cache.path(self.game, src) + (action,))
+                    self.cache.put(self.game, src, action, feedback, self._sid)
             self.steps += 1
-            facts = self._facts(state)
-            self.won = bool(state["won"])
-            now = oracle.subgoals(facts, self.task_type, self.params)
+            st = self._state()
+            self.won = st.won
+            now = oracle.subgoals(st.facts, self.task_type, self.params)
             order = oracle.SUBGOAL_ORDER[self.task_type]
             new = tuple(s for s in order if s in now and s not in self._reached)
             self._reached |= now
             self.done = self.won or self.steps >= self.max_steps
-            self.obs = self._observation(state, state.feedback.strip(), facts)
+            self.obs = self._observation(feedback)
             return StepResult(observation=self.obs, reward=1.0 if self.won else 0.0, done=self.done,
                               won=self.won, score=1.0 if self.won else 0.0, invalid=invalid,
-                              subgoals=new, info={"steps": self.steps})
+                              subgoals=new, info={"steps": self.steps, "cache_hit": hit})
         except Exception:  # engine fault: end the episode, rebuild the env at the next reset
             self.close()
             self.done = True
@@ -194,7 +386,7 @@ class GameEnv:
                 self._env.close()
             except Exception:  # noqa: BLE001 - closing a broken env must not raise
                 pass
-        self._env, self._gamefile = None, None
+        self._env, self._gamefile, self._at = None, None, None
 
 
 def verify_game(gamefile: str, expert: str, max_steps: int) -> tuple[list[str] | None, str]:
@@ -223,8 +415,9 @@ def verify_game(gamefile: str, expert: str, max_steps: int) -> tuple[list[str] |
 
 # ----------------------------------------------------------------------------- batches
 
-def _worker(conn, expert, max_steps) -> None:
+def _worker(conn, experts, max_steps, cache_size) -> None:
     envs: dict[int, GameEnv] = {}
+    cache = transition_cache(cache_size) if cache_size else None
     while True:
         try:
             cmd, items = conn.recv()
@@ -237,7 +430,7 @@ def _worker(conn, expert, max_steps) -> None:
             return
         out = []
         for slot, arg in items:
-            env = envs.setdefault(slot, GameEnv(expert, max_steps))
+            env = envs.setdefault(slot, GameEnv(experts[slot], max_steps, cache))
             try:
                 out.append(env.reset(arg) if cmd == "reset" else env.step(arg))
             except Exception:  # noqa: BLE001 - reported to the parent
@@ -247,16 +440,23 @@ def _worker(conn, expert, max_steps) -> None:
 
 
 class AlfworldVectorEnv(VectorEnv):
-    """num_envs episode slots; workers=0 steps them in this process."""
+    """num_envs episode slots; workers=0 steps them in this process. The expert runs in the first
+    ``expert_slots`` slots (None: all); ``cache_size`` > 0 turns the transition cache on (one per
+    process, shared by its slots)."""
 
     RESET_TIMEOUT_S = 120.0
 
     def __init__(self, num_envs: int, *, expert: str | None = None, max_steps: int = 50,
-                 workers: int = -1, step_timeout_s: float = 30.0):
+                 workers: int = -1, step_timeout_s: float = 30.0, expert_slots: int | None = None,
+                 cache_size: int = 0):
         if num_envs < 1:
             raise ValueError("num_envs: must be >= 1")
         self._n = num_envs
         self.expert, self.max_steps, self.step_timeout_s = expert, max_steps, step_timeout_s
+        labelled = num_envs if expert_slots is None else expert_slots
+        self.experts = [expert if i < labelled else None for i in range(num_envs)]
+        self.cache_size = cache_size
+        self._cache = transition_cache(cache_size) if cache_size and workers == 0 else None
         self.workers = min(num_envs, os.cpu_count() or 1) if workers < 0 else min(workers, num_envs)
         self._local: dict[int, GameEnv] = {}
         self._procs: list = [None] * self.workers
@@ -274,7 +474,8 @@ class AlfworldVectorEnv(VectorEnv):
 
     def _spawn(self, w: int) -> None:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker, args=(child, self.expert, self.max_steps), daemon=True)
+        proc = self._ctx.Process(target=_worker, args=(child, self.experts, self.max_steps, self.cache_size),
+                                 daemon=True)
         proc.start()
         child.close()
         self._procs[w], self._conns[w] = proc, parent
@@ -284,7 +485,7 @@ class AlfworldVectorEnv(VectorEnv):
         if self.workers == 0:
             out = {}
             for slot, arg in items:
-                env = self._local.setdefault(slot, GameEnv(self.expert, self.max_steps))
+                env = self._local.setdefault(slot, GameEnv(self.experts[slot], self.max_steps, self._cache))
                 try:
                     out[slot] = env.reset(arg) if cmd == "reset" else env.step(arg)
                 except Exception:  # noqa: BLE001

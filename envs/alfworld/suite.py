@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import random
 import re
 from typing import Callable, Iterable
 
 from envs.alfworld import engine, generator
-from envs.alfworld.config import OFFICIAL_SPLITS, SPLITS, AlfworldConfig
+from envs.alfworld.config import OFFICIAL_SPLITS, ORACLE_MODES, SPLITS, AlfworldConfig
 from envs.alfworld.splits import check_split, describe
 from envs.base import EnvError, EnvSuite, Task, VectorEnv
 
@@ -96,10 +97,18 @@ class AlfworldSuite(EnvSuite):
             return len(official_games(self.config, check_split(split)))
         return self.config.pool_size(check_split(split))
 
-    def make_vector_env(self, num_envs: int, *, oracle: bool = False) -> VectorEnv:
-        return engine.AlfworldVectorEnv(num_envs, expert=self.config.expert if oracle else None,
+    def make_vector_env(self, num_envs: int, *, oracle: bool | str = False) -> VectorEnv:
+        """``oracle``: True / "all" (expert labels in every slot), "sample" (in the leading
+        ``oracle_share`` of the slots, at least one: with groups laid out task by task, a fixed share
+        of the groups), False / "off" (none)."""
+        mode = {True: "all", False: "off"}.get(oracle, oracle)
+        if mode not in ORACLE_MODES:
+            raise EnvError(f"oracle: {oracle!r}; allowed {list(ORACLE_MODES)}")
+        slots = {"all": num_envs, "off": 0, "sample": max(1, math.ceil(self.config.oracle_share * num_envs))}[mode]
+        return engine.AlfworldVectorEnv(num_envs, expert=self.config.expert if slots else None,
                                         max_steps=self.max_steps, workers=self.config.workers,
-                                        step_timeout_s=self.config.step_timeout_s)
+                                        step_timeout_s=self.config.step_timeout_s, expert_slots=slots,
+                                        cache_size=self.config.cache_size if self.config.cache else 0)
 
     def text_corpus(self) -> Iterable[str]:
         """Grammar sentences, goal templates and command forms over ALFWorld's object names."""

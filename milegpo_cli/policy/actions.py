@@ -3,9 +3,11 @@
 ``score``: pi(a | s) = softmax_a( log p_theta(a | prompt) / T ) over the admissible commands a,
 where log p_theta(a | prompt) = sum_j log p_theta(a_j | prompt, a_<j) is the sequence log-probability
 of the command's tokens (followed by eos, so that "go to desk 1" is not a prefix of "go to desk 10").
-The prompts of a batch run once (left-padded); their KV cache is expanded to the candidates, which
-run as one right-padded batch (:func:`candidate_logprobs`). The same function, with gradients,
-gives the update's new log-probabilities, so rollout and update agree exactly.
+Each prompt is packed with all its candidates into one row (prompt once, candidates back to back,
+block attention mask, positions restarting after the prompt), and all rows run as one batch
+(:func:`candidate_logprobs`): one forward pass per step for every active rollout, and the same
+tokens as a plain loop in the update. The same function, with gradients, gives the update's new
+log-probabilities, so rollout and update agree exactly.
 
 ``generate``: the model samples a reply at temperature T (no top-k / top-p, so the recorded
 log-probs are those of the sampling distribution); the action is parsed from <action>...</action>
@@ -15,9 +17,9 @@ softmax(logits / T) are recorded for the loss on the generated tokens.
 """
 from __future__ import annotations
 
-import inspect
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Sequence
 
 import torch
@@ -76,19 +78,6 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def forward_params(model) -> set[str]:
-    """Argument names of the underlying transformers model's forward (through peft / DDP wrappers)."""
-    from transformers import PreTrainedModel
-
-    inner = next(m for m in model.modules() if isinstance(m, PreTrainedModel))
-    return set(inspect.signature(inner.forward).parameters)
-
-
-def cache_kwarg(params: set[str]) -> str:
-    """Name of the KV-cache argument: ``cache`` in recent transformers 5.x, ``past_key_values`` before."""
-    return "cache" if "cache" in params else "past_key_values"
-
-
 def pad(seqs: Sequence[Sequence[int]], pad_id: int, left: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention mask) of shape (len(seqs), max length), padded on the left or the right."""
     width = max(len(s) for s in seqs)
@@ -101,36 +90,57 @@ def pad(seqs: Sequence[Sequence[int]], pad_id: int, left: bool, device) -> tuple
     return ids.to(device), mask.to(device)
 
 
+def pack_candidates(prompts: Sequence[Sequence[int]], candidates: Sequence[Sequence[Sequence[int]]], pad_id: int,
+                    device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One row per prompt: prompt + its candidates back to back, right-padded. Returns (ids, positions,
+    block mask (B, 1, T, T) bool, row, source column, target column) where, for every candidate token
+    (flat, in order), its logit comes from ``ids[row, source]`` and its id is ``ids[row, target]``.
+    Position ids restart after the prompt for every candidate, and a candidate token attends to the
+    prompt and to its own earlier tokens only, so each candidate sees exactly prompt + itself."""
+    rows = [list(p) + [t for c in cs for t in c] for p, cs in zip(prompts, candidates)]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    pos = torch.zeros((len(rows), width), dtype=torch.long)
+    block = torch.full((len(rows), width), -1, dtype=torch.long)  # 0: prompt, k: candidate k, -1: padding
+    src, tgt, row = [], [], []
+    for b, (p, cs) in enumerate(zip(prompts, candidates)):
+        ids[b, :len(rows[b])] = torch.as_tensor(rows[b], dtype=torch.long)
+        pos[b, :len(p)] = torch.arange(len(p))
+        block[b, :len(p)] = 0
+        start = len(p)
+        for k, c in enumerate(cs, start=1):
+            pos[b, start:start + len(c)] = torch.arange(len(p), len(p) + len(c))
+            block[b, start:start + len(c)] = k
+            src += [len(p) - 1] + list(range(start, start + len(c) - 1))
+            tgt += list(range(start, start + len(c)))
+            row += [b] * len(c)
+            start += len(c)
+    causal = torch.ones((width, width), dtype=torch.bool).tril()
+    same = (block[:, :, None] == block[:, None, :]) | (block[:, None, :] == 0)
+    pad_self = (block[:, :, None] < 0) & torch.eye(width, dtype=torch.bool)  # padding rows see themselves
+    mask = ((same & (block[:, None, :] >= 0) & causal) | pad_self)[:, None]
+    as_t = partial(torch.as_tensor, dtype=torch.long, device=device)
+    return ids.to(device), pos.to(device), mask.to(device), as_t(row), as_t(src), as_t(tgt)
+
+
 def candidate_logprobs(model, prompts: Sequence[Sequence[int]], candidates: Sequence[Sequence[Sequence[int]]],
                        pad_id: int = 0) -> list[torch.Tensor]:
-    """Sequence log-probs log p(c | prompt_b) for every candidate c of every prompt b, with one
-    forward pass over the prompts and one over all candidates through the expanded KV cache.
-    Returns one tensor (len(candidates[b]),) per prompt. Gradients flow when enabled."""
+    """Sequence log-probs log p(c | prompt_b) for every candidate c of every prompt b, in one forward
+    pass over the packed rows of :func:`pack_candidates` (block attention mask). Returns one tensor
+    (len(candidates[b]),) per prompt. Gradients flow when enabled."""
     if len(prompts) != len(candidates):
         raise PolicyError(f"candidate_logprobs: {len(prompts)} prompts but {len(candidates)} candidate lists")
     if any(len(p) == 0 for p in prompts) or any(len(cs) == 0 for cs in candidates):
         raise PolicyError("candidate_logprobs: empty prompt or empty candidate list")
     device = model_device(model)
-    p_ids, p_mask = pad(prompts, pad_id, left=True, device=device)
-    p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
-    params = forward_params(model)
-    kw = cache_kwarg(params)
-    last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}  # no (B, T, vocab) prompt logits
-    out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True, **last_only)
-    first_logp = F.log_softmax(out.logits[:, -1].float(), dim=-1)  # (B, V): next token after each prompt
-
-    owner = torch.tensor([b for b, cs in enumerate(candidates) for _ in cs], device=device)
-    c_ids, c_mask = pad([c for cs in candidates for c in cs], pad_id, left=False, device=device)
-    cache = getattr(out, kw)
-    cache.batch_select_indices(owner)
-    c_pos = p_mask.sum(-1)[owner, None] + torch.arange(c_ids.shape[1], device=device)
-    c_out = model(input_ids=c_ids, attention_mask=torch.cat([p_mask[owner], c_mask], dim=1),
-                  position_ids=c_pos, use_cache=True, **{kw: cache})
-    tok_logp = torch.cat([
-        first_logp[owner].gather(-1, c_ids[:, :1]),
-        F.log_softmax(c_out.logits[:, :-1].float(), dim=-1).gather(-1, c_ids[:, 1:, None]).squeeze(-1),
-    ], dim=1)
-    seq_logp = (tok_logp * c_mask).sum(-1)
+    ids, pos, mask, row, src, tgt = pack_candidates(prompts, candidates, pad_id, device)
+    dtype = next(model.parameters()).dtype
+    bias = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
+    logits = model(input_ids=ids, attention_mask=bias, position_ids=pos).logits
+    tok_logp = F.log_softmax(logits[row, src].float(), dim=-1).gather(-1, ids[row, tgt][:, None]).squeeze(-1)
+    lengths = [len(c) for cs in candidates for c in cs]
+    cand = torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.as_tensor(lengths, device=device))
+    seq_logp = torch.zeros(len(lengths), dtype=tok_logp.dtype, device=device).index_add(0, cand, tok_logp)
     return list(seq_logp.split([len(cs) for cs in candidates]))
 
 

@@ -191,6 +191,7 @@ def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite
         "time_env_s": stats.env_s,
         "credit_time_share": t_credit / total if total > 0 else 0.0,
         "rollout_steps_per_s": stats.steps / t_rollout if t_rollout > 0 else 0.0,
+        "cache_hit_rate": stats.cache_hits / stats.steps if stats.steps else 0.0,
     }
     return IterationResult(metrics, every.records, every.candidates)
 
@@ -383,7 +384,8 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
     log = partial(console.print, soft_wrap=True)
     suite = build_suite(config)
     G, N = config.rollout.groups, config.rollout.group_size
-    venv = suite.make_vector_env(G * N, oracle=True)
+    venv = suite.make_vector_env(G * N, oracle=config.env.oracle if config.env.name == "alfworld"
+                                 else config.env.oracle != "off")
     eval_venv = suite.make_vector_env(min(config.eval.episodes, G * N), oracle=False)
     try:
         seed_everything(derive_seed(config.run.seed, "init"))

@@ -54,6 +54,7 @@ class RolloutStats:
     steps: int = 0
     policy_s: float = 0.0
     env_s: float = 0.0
+    cache_hits: int = 0  # steps answered by the environment's transition cache (ALFWorld)
 
 
 def run_episodes(policy, venv: VectorEnv, tasks: Sequence[Task], group_size: int, *, max_steps: int,
@@ -108,6 +109,7 @@ def run_episodes(policy, venv: VectorEnv, tasks: Sequence[Task], group_size: int
             ep.subgoals.append(tuple(res.subgoals))
             ep.final_state = res.observation.state_key
             stats.steps += 1
+            stats.cache_hits += bool(res.info.get("cache_hit"))
             if not done and ep.length >= max_steps:
                 done = True  # truncated (the engine may count no-op steps differently)
             if not done:
