@@ -82,3 +82,14 @@ def test_ablate_resumes_and_reports(tmp_path):
     assert len(compare(store, [f"exp:{exp_id}"], tmp_path / "cmp")["runs"]) == 3
     d = diagnose(store, runs[1]["id"], n_resamples=50)
     assert d["labelled_steps"] > 0 and len(d["credit"]) == 1 + 7
+
+
+def test_gigpo_baseline_rows_use_the_verl_agent_preset():
+    from milegpo_cli.config import load_config
+    from milegpo_cli.experiments.ablate import Member, member_config
+
+    config = load_config("webshop")
+    assert member_config(config, Member("gigpo", (), 0)).credit.preset == "verl-agent"
+    assert member_config(config, Member("milegpo", ("traps",), 1)).credit.preset == ""
+    chosen = load_config("webshop", ['credit.preset=""', "run.algo=gigpo"])
+    assert member_config(chosen, Member("gigpo", (), 0)).credit.preset == ""  # the method itself, as configured

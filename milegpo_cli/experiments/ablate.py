@@ -58,9 +58,13 @@ def members(config: Config, drops: Sequence[str] | None, seeds: int, algos: Sequ
 
 
 def member_config(config: Config, m: Member) -> Config:
+    """The member's config; a GiGPO baseline row runs verl-agent's conventions (``credit.preset =
+    "verl-agent"``) unless the recipe chose a preset, so that the baseline is the one users know."""
     d = config.to_dict()
     d["run"].update(algo=m.algo, seed=m.seed, name="")
     d["credit"]["drop"] = list(m.drop)
+    if m.algo == "gigpo" and m.algo != config.run.algo and not d["credit"].get("preset"):
+        d["credit"]["preset"] = "verl-agent"
     return Config.from_dict(d)
 
 

@@ -88,14 +88,19 @@ class Probe:
 
     @classmethod
     def collect(cls, suite, splits, eval_episodes: int, max_states: int, num_envs: int) -> "Probe":
-        """The expert's walkthroughs of the evaluation tasks of each split, cut to ``max_states`` steps."""
+        """The expert's walkthroughs of the first evaluation tasks of each split, ``num_envs`` tasks at
+        a time until ``max_states`` steps are collected (then cut to exactly that many)."""
         probe = cls()
         if max_states <= 0:
             return probe
         venv = suite.make_vector_env(num_envs, oracle=True)
         try:
             for split in splits:
-                steps, _ = expert_walkthroughs(venv, eval_tasks(suite, split, eval_episodes), suite.max_steps)
+                tasks, steps = eval_tasks(suite, split, eval_episodes), []
+                for start in range(0, len(tasks), num_envs):
+                    steps += expert_walkthroughs(venv, tasks[start:start + num_envs], suite.max_steps)[0]
+                    if len(steps) >= max_states:
+                        break
                 probe.steps[split] = steps[:max_states]
         finally:
             venv.close()

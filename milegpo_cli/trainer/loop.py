@@ -73,10 +73,16 @@ def group_key(group: int) -> str:
     return f"g{group}"
 
 
-def to_rollout(ep: Episode) -> Rollout:
+def to_rollout(ep: Episode, lift_penalty: float = 0.0) -> Rollout:
+    """The credit package's view of an episode, with its invalid flags and true subgoals. When the
+    estimator applies the invalid-action penalty itself (``credit.invalid_penalty`` > 0, the
+    verl-agent preset), ``lift_penalty`` = the trainer's ``policy.invalid_penalty`` is taken back out
+    of the step rewards so that it is not counted twice."""
     return Rollout(group=group_key(ep.group), rollout_id=ep.index, states=list(ep.states),
                    actions=[a if a is not None else INVALID_ACTION for a in ep.actions],
-                   rewards=list(ep.rewards), outcome=ep.score, success=ep.won)
+                   rewards=[r + (lift_penalty if bad else 0.0) for r, bad in zip(ep.rewards, ep.invalid)],
+                   outcome=ep.score, success=ep.won, invalid=list(ep.invalid),
+                   subgoals=[tuple(g) for g in ep.subgoals])
 
 
 def episode_record(ep: Episode, parts: dict[str, np.ndarray] | None = None, offset: int = 0) -> EpisodeRecord:
@@ -148,7 +154,8 @@ def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite
 
     t0 = time.perf_counter()
     valid = [e for e in episodes if not e.errored]
-    batch = RolloutBatch.from_rollouts([to_rollout(e) for e in valid], config.credit.success_threshold)
+    lift = config.policy.invalid_penalty if config.credit.invalid_penalty > 0 else 0.0
+    batch = RolloutBatch.from_rollouts([to_rollout(e, lift) for e in valid], config.credit.success_threshold)
     result = compute_advantages(batch, config.run.algo, config.credit, canonical_drop(config.credit.drop))
     t_credit = time.perf_counter() - t0
 
