@@ -23,15 +23,15 @@ from pathlib import Path
 
 BASE_VERSION = 1
 MARKER = "base.json"
-# environment settings that do not change the games or the observations
-_ENV_RUNTIME_KEYS = ("workers", "step_timeout_s", "data_dir", "cache", "cache_size")
+# environment settings that change how steps are computed, not the games or the observations
+_ENV_RUNTIME_KEYS = ("workers", "step_timeout_s", "data_dir", "cache", "cache_size", "oracle_share")
 
 
 def _env_fingerprint(config) -> dict:
-    env = dataclasses.asdict(config.env)
-    sub = env.pop(config.env.name, {})
-    env.pop("alfworld", None), env.pop("webshop", None)
-    return {**env, config.env.name: {k: v for k, v in sub.items() if k not in _ENV_RUNTIME_KEYS}}
+    """The environment settings that shape games and observations (not how they are computed)."""
+    sub = dataclasses.asdict(getattr(config.env, config.env.name))
+    return {"name": config.env.name, "max_steps": config.env.max_steps,
+            config.env.name: {k: v for k, v in sub.items() if k not in _ENV_RUNTIME_KEYS}}
 
 
 def base_version(config, tiny_folder: str | Path) -> str:
