@@ -125,6 +125,8 @@ def test_base_policy_is_built_once_and_ppo_starts_from_it(tmp_path, models_dir):
     assert (folder / "model").stat().st_mtime_ns == built
     other = make_config("webshop", tmp_path, models_dir, *extra[:-1], "base.epochs=3")
     assert base_policy_dir(other, "x") != base_policy_dir(config, "x")  # versioned by its recipe
+    runtime = make_config("webshop", tmp_path, models_dir, *extra, 'env.oracle="off"', "env.webshop.step_timeout_s=5")
+    assert base_policy_dir(runtime, "x") == base_policy_dir(config, "x")  # how steps run does not shape it
 
     out = io.StringIO()
     store = RunStore(config.store.db)

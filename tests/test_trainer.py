@@ -141,7 +141,7 @@ def test_rollout_command_evaluates_a_checkpoint_and_records(tmp_path, models_dir
 @pytest.mark.slow
 def test_warm_start_is_recorded_as_iteration_zero(tmp_path, models_dir):
     config = make_config("webshop", tmp_path, models_dir, "run.iterations=1", "eval.every=1", "checkpoint.every=1",
-                         "warmstart.enabled=true", "warmstart.episodes=4", "warmstart.epochs=2")
+                         "warmstart.enabled=true", "warmstart.episodes=4", "warmstart.epochs=2", "eval.untrained=true")
     store = RunStore(config.store.db)
     run_id = loop.train(config, store, config.store.mlflow_uri, console=quiet())
     its = store.iterations(run_id)
