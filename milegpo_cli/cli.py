@@ -187,7 +187,8 @@ def credit(input_arg: Annotated[Optional[Path], typer.Argument(
                "--input", "-i", metavar="FILE", exists=True, dir_okay=False,
                help="Rollouts, JSON Lines (docs/rollouts.md) [default: the INPUT argument].")] = None,
            output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE", help="Per-step advantages, JSON Lines.")] = ...,
-           algo: Annotated[str, typer.Option("--algo", metavar="ALGO", help="grpo, gigpo, graphgpo or milegpo.")] = "milegpo",
+           algo: Annotated[str, typer.Option("--algo", metavar="ALGO", help=(
+               "grpo, gigpo, graphgpo, milegpo or oracle-milestones (needs steps[t].subgoals)."))] = "milegpo",
            drop: DropOpt = None,
            sets: Annotated[Optional[list[str]], typer.Option(
                "--set", "-s", metavar="[credit.]KEY=VALUE",

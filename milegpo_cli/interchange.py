@@ -2,7 +2,8 @@
 
 Input, one rollout per line:
     {"group": str, "rollout": int|str, "outcome": float, "success": bool (optional),
-     "steps": [{"state": str, "action": str, "reward": float (optional, default 0)}, ...]}
+     "steps": [{"state": str, "action": str, "reward": float (optional, default 0),
+                "invalid": bool (optional), "subgoals": [str, ...] (optional)}, ...]}
 Output, one line per step:
     {"group", "rollout", "t", "advantage", "episode_advantage", "step_advantage", "credit", "milestone", "trap"}
 """
@@ -24,6 +25,9 @@ from .errors import MilegpoError
 # estimators whose step advantage uses the step rewards, and what all-zero rewards leave of them
 ZERO_REWARDS = {"gigpo": "GiGPO's step returns are all 0, so it equals GRPO",
                 "milegpo": "MileGPO's step returns are all 0, only its milestone / trap credit is left per step"}
+
+
+NEEDS_SUBGOALS = ("oracle-milestones",)  # estimators that read steps[t].subgoals
 
 
 def zero_rewards_warning(algo: str) -> str:
@@ -51,6 +55,29 @@ def _string(value, line: int, field: str) -> str:
     return value
 
 
+def _per_step(steps: list, key: str, parse, line: int) -> list | None:
+    """The optional per-step field ``key`` of a rollout: parsed on every step, or None when no step
+    has it (zero steps: an empty list); a rollout that gives it on some steps only is an error."""
+    missing = [t for t, step in enumerate(steps) if key not in step]
+    if len(missing) == len(steps) and steps:
+        return None
+    if missing:
+        raise InterchangeError(line, f"steps[{missing[0]}].{key}", "missing (given on other steps of this rollout)")
+    return [parse(step[key], line, f"steps[{t}].{key}") for t, step in enumerate(steps)]
+
+
+def _bool(value, line: int, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise InterchangeError(line, field, f"must be true or false, got {value!r}")
+    return value
+
+
+def _subgoals(value, line: int, field: str) -> list[str]:
+    if not isinstance(value, list):
+        raise InterchangeError(line, field, f"must be a list of strings, got {value!r}")
+    return [sys.intern(_string(g, line, f"{field}[{j}]")) for j, g in enumerate(value)]
+
+
 def parse_rollout(text: str, line: int) -> Rollout:
     """One input line -> Rollout (unknown keys are ignored)."""
     try:
@@ -66,8 +93,8 @@ def parse_rollout(text: str, line: int) -> Rollout:
     if isinstance(rid, bool) or not isinstance(rid, (int, str)):
         raise InterchangeError(line, "rollout", f"must be an integer or a string, got {rid!r}")
     success = obj.get("success")
-    if success is not None and not isinstance(success, bool):
-        raise InterchangeError(line, "success", f"must be true or false, got {success!r}")
+    if success is not None:
+        _bool(success, line, "success")
     steps = obj["steps"]
     if not isinstance(steps, list):
         raise InterchangeError(line, "steps", "must be a list")
@@ -83,7 +110,9 @@ def parse_rollout(text: str, line: int) -> Rollout:
         actions.append(sys.intern(_string(step["action"], line, f"steps[{t}].action")))
         rewards.append(_number(step.get("reward", 0.0), line, f"steps[{t}].reward"))
     return Rollout(group=_string(obj["group"], line, "group"), rollout_id=rid, states=states, actions=actions,
-                   rewards=rewards, outcome=_number(obj["outcome"], line, "outcome"), success=success)
+                   rewards=rewards, outcome=_number(obj["outcome"], line, "outcome"), success=success,
+                   invalid=_per_step(steps, "invalid", _bool, line),
+                   subgoals=_per_step(steps, "subgoals", _subgoals, line))
 
 
 def iter_rollouts(path: str | Path) -> Iterator[tuple[int, Rollout]]:
@@ -121,7 +150,14 @@ def rollout_line(r: Rollout) -> str:
     obj = {"group": r.group, "rollout": r.rollout_id, "outcome": float(r.outcome)}
     if r.success is not None:
         obj["success"] = bool(r.success)
-    obj["steps"] = [{"state": s, "action": a, "reward": float(w)} for s, a, w in zip(r.states, r.actions, r.rewards)]
+    obj["steps"] = steps = [{"state": s, "action": a, "reward": float(w)}
+                            for s, a, w in zip(r.states, r.actions, r.rewards)]
+    if r.invalid is not None:
+        for step, bad in zip(steps, r.invalid, strict=True):
+            step["invalid"] = bool(bad)
+    if r.subgoals is not None:
+        for step, reached in zip(steps, r.subgoals, strict=True):
+            step["subgoals"] = list(reached)
     return json.dumps(obj, allow_nan=False)
 
 
@@ -169,6 +205,14 @@ def candidate_dict(c: Candidate) -> dict:
             "branch_ok": _finite_or_none(c.branch_ok), "credit": c.credit}
 
 
+def _missing_subgoals(path: str | Path, algo: str) -> None:
+    """Raise the error naming the first line whose rollout has steps but no ``subgoals``."""
+    for number, r in iter_rollouts(path):
+        if r.subgoals is None:
+            raise InterchangeError(number, "steps[0].subgoals", f"missing: --algo {algo} needs the true subgoals "
+                                   "newly reached at every step (docs/rollouts.md)")
+
+
 def credit_config(overrides: dict) -> CreditConfig:
     """CreditConfig from ``{key: value}``; keys may carry the ``credit.`` prefix of ``--set``."""
     return CreditConfig.from_dict({k.removeprefix("credit."): v for k, v in overrides.items()})
@@ -183,6 +227,8 @@ def run_credit_file(input_path: str | Path, output_path: str | Path, algo: str, 
     """
     config = credit_config(overrides or {})
     rollouts = read_rollouts(input_path)
+    if algo in NEEDS_SUBGOALS and any(r.subgoals is None for r in rollouts):
+        _missing_subgoals(input_path, algo)
     batch = RolloutBatch.from_rollouts(rollouts, success_threshold=config.success_threshold)
     result = compute_advantages(batch, algo, config, drop=frozenset(drop))
     tmp_out = _atomic_write(output_path, step_lines(batch, result))

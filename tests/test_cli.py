@@ -139,6 +139,26 @@ def test_credit_bad_input_is_one_line_exit_2(tmp_path, bad_line, sets, message):
     assert not out.exists()
 
 
+def test_credit_oracle_milestones_needs_subgoals_in_the_file(tmp_path):
+    path, out = rollouts_file(tmp_path / "r.jsonl"), tmp_path / "adv.jsonl"
+    args = ["credit", str(path), "-o", str(out), "--algo", "oracle-milestones"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [
+        "error: line 1, field 'steps[0].subgoals': missing: --algo oracle-milestones needs the true subgoals newly "
+        "reached at every step (docs/rollouts.md)"]
+    assert not out.exists()
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    for row in rows:  # the winners reach subgoal "found" on their last step
+        for step in row["steps"]:
+            step["subgoals"] = ["found"] if step["reward"] else []
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["milestone"] for x in lines] == [False, False, False, True] * 2
+
+
 # --- --json: one document on stdout, nothing else there (docs/cli.md) -----------------------------
 def test_runs_json_is_a_list_empty_on_an_empty_store(tmp_path):
     result = runner.invoke(app, ["runs", "--json", "--runs-dir", str(tmp_path)])

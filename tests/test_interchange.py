@@ -22,6 +22,64 @@ def test_round_trip(tmp_path):
                                 r.outcome, r.success) for r in ROLLOUTS]
 
 
+# the same rollouts with per-step invalid flags and the true subgoals newly reached at each step
+FLAGGED = [Rollout("g", "0", ["s0", "s1", "s2"], ["a", "b", "c"], [0, 0, 10], 1.0, invalid=[False, True, False],
+                   subgoals=[[], ["found"], ["found-2", "bought"]]),
+           Rollout("g", "1", ["s0", "s3", "s3"], ["x", "y", "y"], [0, 0, 0], 0.0, invalid=[True, True, False],
+                   subgoals=[[], [], []]),
+           Rollout("g", 2, ["s0", "s1", "s4"], ["a", "b", "d"], [0, 0, 0], 0.0, success=False,
+                   invalid=[False] * 3, subgoals=[[], ["found"], []]),
+           Rollout("g", "3", ["s0", "s1", "s2"], ["a", "b", "c"], [0, 0, 10], 1.0, invalid=[False] * 3,
+                   subgoals=[["found"], [], ["bought"]])]
+
+
+def test_round_trip_of_invalid_flags_and_subgoals(tmp_path):
+    path = tmp_path / "r.jsonl"
+    write_rollouts(path, FLAGGED + [Rollout("h", 0, ["s0"], ["a"], [0], 0.0)])
+    back = read_rollouts(path)
+    assert [(list(r.invalid), [list(g) for g in r.subgoals]) for r in back[:4]] == \
+        [(r.invalid, r.subgoals) for r in FLAGGED]
+    assert back[4].invalid is None and back[4].subgoals is None  # absent stays absent
+    last = json.loads(path.read_text().splitlines()[4])
+    assert set(last["steps"][0]) == {"state", "action", "reward"}
+    batch = RolloutBatch.from_rollouts(back)
+    assert batch.step_invalid[:6].tolist() == [False, True, False, True, True, False]
+
+
+def test_oracle_milestones_reads_subgoals_from_the_file(tmp_path):
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_rollouts(src, FLAGGED)
+    run_credit_file(src, out, "oracle-milestones", overrides={})
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    res = compute_advantages(RolloutBatch.from_rollouts(FLAGGED), "oracle-milestones", CreditConfig())
+    assert np.allclose([x["advantage"] for x in lines], res.advantage)
+    assert [x["milestone"] for x in lines] == [bool(g) for r in FLAGGED for g in r.subgoals]
+    gigpo = compute_advantages(RolloutBatch.from_rollouts(FLAGGED), "gigpo", CreditConfig())
+    assert not np.allclose(res.advantage, gigpo.advantage)  # the subgoals were used
+
+
+def test_invalid_flags_from_the_file_reach_the_penalty(tmp_path):
+    flagged, plain, out = tmp_path / "f.jsonl", tmp_path / "p.jsonl", tmp_path / "out.jsonl"
+    write_rollouts(flagged, FLAGGED)
+    write_rollouts(plain, [Rollout(r.group, r.rollout_id, r.states, r.actions, r.rewards, r.outcome, r.success)
+                           for r in FLAGGED])
+    advantages = []
+    for src in (flagged, plain):
+        run_credit_file(src, out, "gigpo", overrides={"credit.invalid_penalty": 0.1})
+        advantages.append([json.loads(x)["advantage"] for x in out.read_text().splitlines()])
+    res = compute_advantages(RolloutBatch.from_rollouts(FLAGGED), "gigpo", CreditConfig(invalid_penalty=0.1))
+    assert np.allclose(advantages[0], res.advantage) and not np.allclose(advantages[0], advantages[1])
+
+
+def test_oracle_milestones_without_subgoals_names_the_line_and_writes_nothing(tmp_path):
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_rollouts(src, FLAGGED[:2] + ROLLOUTS[2:3] + FLAGGED[3:])
+    with pytest.raises(InterchangeError) as err:
+        run_credit_file(src, out, "oracle-milestones", overrides={})
+    assert (err.value.line, err.value.field) == (3, "steps[0].subgoals")
+    assert "oracle-milestones" in str(err.value) and not out.exists()
+
+
 def test_reward_optional_and_blank_lines_and_extra_keys(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_text('{"group": "g", "rollout": 1, "outcome": 1, "steps": [{"state": "s", "action": "a"}], "task": "x"}\n\n')
@@ -68,6 +126,14 @@ BAD = [
     ('{"group": "g", "rollout": 0, "outcome": 1, "success": 1, "steps": []}\n', 1, "success"),
     ('{"group": "g", "rollout": 0, "outcome": 1, "steps": {}}\n', 1, "steps"),
     ('[1, 2]\n', 1, "<json>"),
+    ('{"group": "g", "rollout": 0, "outcome": 1, "steps": [{"state": "s", "action": "a", "invalid": 1}]}\n', 1,
+     "steps[0].invalid"),
+    ('{"group": "g", "rollout": 0, "outcome": 1, "steps": [{"state": "s", "action": "a", "subgoals": "x"}]}\n', 1,
+     "steps[0].subgoals"),
+    ('{"group": "g", "rollout": 0, "outcome": 1, "steps": [{"state": "s", "action": "a", "subgoals": [3]}]}\n', 1,
+     "steps[0].subgoals[0]"),
+    ('{"group": "g", "rollout": 0, "outcome": 1, "steps": [{"state": "s", "action": "a", "subgoals": []},'
+     ' {"state": "t", "action": "a"}]}\n', 1, "steps[1].subgoals"),
     ('{"group": "g", "rollout": 0, "outcome": 1, "steps": []}\n\n{"group": "g", "rollout": 0, "outcome": 0, "steps": []}\n',
      3, "rollout"),
 ]

@@ -27,7 +27,7 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
@@ -516,9 +516,7 @@ def evaluate(store, run_id: int | str, split: str, episodes: int, checkpoint: in
     store.record_evaluation(rid, split, metrics, [episode_record(e) for e in played], iteration=ckpt.iteration,
                             checkpoint=str(ckpt.path), phase="train")
     if record_path is not None:
-        write_rollouts(record_path, [Rollout(group=e.task.task_id, rollout_id=0, states=list(e.states),
-                                             actions=[a or INVALID_ACTION for a in e.actions], rewards=list(e.rewards),
-                                             outcome=e.score, success=e.won) for e in played])
+        write_rollouts(record_path, [replace(to_rollout(e), group=e.task.task_id, rollout_id=0) for e in played])
     console.print(f"run {rid} checkpoint {ckpt.iteration}: {split} success {metrics['success_rate']:.3f} "
                   f"(score {metrics['mean_outcome']:.3f}) over {len(played)} episodes")
     return metrics
