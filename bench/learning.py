@@ -8,8 +8,8 @@ expert-action probe.
     python bench/learning.py --recipe alfworld --seeds 0 --label alfworld-from-nothing \
         --set base.enabled=false --set policy.score_norm=mean
 
-Writes bench/results/learning_<label>.json (every figure, the commands and the wall time) and prints
-a Markdown table. Runs go to their own store (``--runs-dir``, default runs/learning-<label>); the
+Writes bench/results/learning_<label>.json (every figure, the commands and the wall time) and the
+same table in bench/results/learning_<label>.md (docs/results.md cites these files). Runs go to their own store (``--runs-dir``, default runs/learning-<label>); the
 game cache and the cached base policy are shared with runs/ so nothing is built twice. An existing
 finished run of the same recipe, overrides and seed in that store is reused (the bench resumes).
 """
@@ -129,20 +129,29 @@ def main() -> None:
               "per_seed": per_seed, "pooled": summarise(per_seed)}
     out = ROOT / "bench" / "results" / f"learning_{label}.json"
     out.write_text(json.dumps(result, indent=1, default=float))
-    print(f"| seed | split | start success [95% CI] | final success [95% CI] | paired gain | probe logp start -> final | tasks |")
-    print("|---|---|---|---|---|---|---|")
+    lines = [f"Recipe `{args.recipe}` {' '.join('--set ' + s for s in args.sets)}; seeds {sorted(runs)}; "
+             f"wall time per run (s): {', '.join(f'{w:.0f}' for w in walls.values()) or 'reused'}.", "",
+             "| seed | split | start success [95% CI] | final success [95% CI] | paired gain [95% CI] | "
+             "score start -> final | probe logp start -> final | tasks |", "|---|---|---|---|---|---|---|---|"]
     for s, g in per_seed.items():
         for split, r in g.items():
             d = np.asarray(r["success_diffs"])
             lo, hi = paired_interval(d)
-            print(f"| {s} | {split} | {r['start_success']:.3f} [{r['start_ci'][0]:.2f}, {r['start_ci'][1]:.2f}] | "
-                  f"{r['final_success']:.3f} [{r['final_ci'][0]:.2f}, {r['final_ci'][1]:.2f}] | {d.mean():+.3f} "
-                  f"[{lo:+.3f}, {hi:+.3f}] | {r['probe_start']:.3f} -> {r['probe_final']:.3f} | {r['tasks']} |")
+            lines.append(f"| {s} | {split} | {r['start_success']:.3f} [{r['start_ci'][0]:.2f}, {r['start_ci'][1]:.2f}] | "
+                         f"{r['final_success']:.3f} [{r['final_ci'][0]:.2f}, {r['final_ci'][1]:.2f}] | {d.mean():+.3f} "
+                         f"[{lo:+.3f}, {hi:+.3f}] | {r['start_score']:.3f} -> {r['final_score']:.3f} | "
+                         f"{r['probe_start']:.3f} -> {r['probe_final']:.3f} | {r['tasks']} |")
+    lines.append("")
     for split, p in result["pooled"].items():
         lo, hi = p["success_gain_ci"]
-        print(f"pooled {split}: success gain {p['success_gain']:+.3f} [{lo:+.3f}, {hi:+.3f}] over {p['pairs']} "
-              f"(seed, task) pairs; score gain {p['score_gain']:+.3f}; probe gains {['%+.3f' % g for g in p['probe_gain']]}")
-    print(f"wrote {out}")
+        slo, shi = p["score_gain_ci"]
+        lines.append(f"- pooled {split}: success gain {p['success_gain']:+.3f} [{lo:+.3f}, {hi:+.3f}] over {p['pairs']} "
+                     f"(seed, task) pairs; score gain {p['score_gain']:+.3f} [{slo:+.3f}, {shi:+.3f}]; probe logp "
+                     f"gain per seed {', '.join('%+.3f' % g for g in p['probe_gain'])}")
+    md = out.with_suffix(".md")
+    md.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {out} and {md}")
 
 
 if __name__ == "__main__":
