@@ -5,12 +5,12 @@ import pytest
 from milegpo_cli.credit import CreditConfig, Rollout, RolloutBatch, compute_advantages
 
 EPS = CreditConfig(eps=1e-12, lambda_p=0.5)
-# v2 hand-computed with DESIGN.md section 2 values (gates closed); its credit is centred per anchor group
+# v2 (docs/algorithms.md) hand-computed with lambdas 0.5 and gates closed; its credit is centred per anchor group
 V2 = CreditConfig(formulation="v2", eps=1e-12, lambda_p=0.5, lambda_m=0.5, lambda_t=0.5, g_p=0.0, g_b=0.0)
 
 
 def centred(b, raw):
-    """The v2 credit of ``raw`` (DESIGN 2's uncentred credit) after centring (gigpo.centre)."""
+    """The v2 credit of ``raw`` (uncentred) after centring (gigpo.centre)."""
     from milegpo_cli.credit.anchors import config_anchors
     from milegpo_cli.credit.gigpo import centre
     return centre(np.asarray(raw, float), *config_anchors(b, V2), b.step_group, b.num_groups)

@@ -1,4 +1,4 @@
-"""The paper formulation (DESIGN 8): eta = 0 is GraphGPO exactly; credit within its stated bounds."""
+"""The paper formulation (docs/algorithms.md): eta = 0 is GraphGPO exactly; credit within its stated bounds."""
 import networkx as nx
 import numpy as np
 import pytest

@@ -105,8 +105,9 @@ def test_verl_agent_preset_fixes_its_conventions():
 
 def reference_gigpo(rollouts, mode, thresh=None, gamma=0.95, penalty=0.1, eps=1e-6):
     """verl-agent's compute_gigpo_outcome_advantage on step rows, written out from its description
-    (DESIGN 7): row score 10 x success - penalty x invalid, statistics over rows; step group = exact
-    anchor match (or greedy SequenceMatcher clustering) within the uid; returns minus the penalty."""
+    (docs/algorithms.md, preset `verl-agent`): row score 10 x success - penalty x invalid, statistics
+    over rows; step group = exact anchor match (or greedy SequenceMatcher clustering) within the uid;
+    returns minus the penalty."""
     rows = []
     for r in rollouts:
         g, T = 0.0, len(r.states)

@@ -1,4 +1,4 @@
-"""Pure credit-assignment estimators (DESIGN.md sections 2, 7, 8): GRPO, GiGPO, GraphGPO, MileGPO."""
+"""Pure credit-assignment estimators (docs/algorithms.md): GRPO, GiGPO, GraphGPO, MileGPO."""
 from .batch import Rollout, RolloutBatch
 from .config import DROPPABLE, CreditConfig
 from .registry import ALGORITHMS, compute_advantages

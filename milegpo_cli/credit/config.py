@@ -1,4 +1,4 @@
-"""Credit hyperparameters: the ``[credit]`` recipe section (DESIGN.md sections 2, 7 and 8)."""
+"""Credit hyperparameters: the ``[credit]`` recipe section (docs/algorithms.md)."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ EPISODE_STATS = ("rollouts", "steps")
 EPISODE_SCORES = ("outcome", "success")
 FORMULATIONS = ("v3", "v2", "paper")  # "ours" is accepted as the old name of "v2"
 PRESETS = ("", "verl-agent")
-# verl-agent's GiGPO conventions (DESIGN 7; gigpo/core_gigpo.py): statistics over step rows, one
+# verl-agent's GiGPO conventions (docs/algorithms.md, preset; gigpo/core_gigpo.py): statistics over step rows, one
 # normalisation mode for both levels, episode score 10 x success, invalid-format penalty 0.1 on that row.
 VERL_AGENT = {"episode_stats": "steps", "anchor_visits": False, "std_unbiased": True, "eps": 1e-6, "episode_score": "success",
               "episode_scale": 10.0, "invalid_penalty": 0.1, "gamma": 0.95, "omega": 1.0}
@@ -29,10 +29,10 @@ def canonical_drop(drop) -> frozenset[str]:
 class CreditConfig:
     """Every credit hyperparameter with its default. ``paper_*`` fields belong to ``formulation="paper"``."""
 
-    # episode / step normalisation (GRPO, GiGPO; DESIGN 2 (4) and 7)
+    # episode / step normalisation (GRPO, GiGPO; docs/algorithms.md, "GRPO and GiGPO")
     episode_norm: str = "mean_std"  # "mean_std" | "mean"
     step_norm: str = "mean_std"  # anchor-group normalisation of step returns
-    episode_stats: str = "rollouts"  # "rollouts" (DESIGN 2) | "steps" (verl-agent: one entry per step row)
+    episode_stats: str = "rollouts"  # "rollouts" (default) | "steps" (verl-agent: one entry per step row)
     std_unbiased: bool = True  # torch.std default, as in verl-agent
     eps: float = 1e-6
     episode_scale: float = 1.0  # multiplies R_i before normalisation (verl-agent mean_norm uses 10 x success)
@@ -47,7 +47,7 @@ class CreditConfig:
     success_threshold: float = 1.0  # success = outcome >= threshold when a rollout does not say
     gamma: float = 0.95
     omega: float = 1.0  # step advantage weight
-    # MileGPO, v3 (docs/algorithms.md) and v2 (DESIGN 2): shared hyperparameters
+    # MileGPO, v3 and v2 (docs/algorithms.md): shared hyperparameters
     formulation: str = "v3"  # "v3" | "v2" (alias "ours") | "paper"
     m_min: int = 2
     prior_strength: float = 2.0  # k of the empirical-Bayes Beta prior
@@ -56,10 +56,10 @@ class CreditConfig:
     lambda_p: float = 2.0  # chosen from the credit diagnostics (docs/algorithms.md "Choosing the defaults")
     g_p: float = 0.5  # credit factor of a candidate that fails the progress gate (v2 as measured: 0)
     g_b: float = 0.5  # credit factor of a candidate that fails the same-state branch test (v2 as measured: 0)
-    # GraphGPO (DESIGN 8): step return c * gamma_G ** d
+    # GraphGPO (docs/algorithms.md, "GraphGPO"): step return c * gamma_G ** d
     graph_c: float = 10.0
     graph_gamma: float = 0.2
-    # MileGPO, the paper's construction (DESIGN 8); weights the summary does not report are 1
+    # MileGPO, the paper's construction (docs/algorithms.md); weights the summary does not report are 1
     paper_eta: float = 0.2  # ALFWorld 0.2, WebShop 1.0
     paper_omega: float = 0.2  # potential decay with distance
     paper_gamma_phi: float = 1.0

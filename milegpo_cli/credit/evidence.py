@@ -1,4 +1,4 @@
-"""Outcome evidence read off the group graph, shared by both MileGPO formulations (DESIGN 2 (1), (3)).
+"""Outcome evidence read off the group graph, shared by MileGPO v3 and v2 (docs/algorithms.md).
 
 Per state v: n+(v) / n-(v) = successful / failed rollouts that visit v; per group: N, N+ and the
 base rate p̄ = N+ / N; per step: the same-state branch statistics Q(u, a) and V(u), and the local
@@ -42,7 +42,7 @@ def state_evidence(batch: RolloutBatch, graph: RolloutGraph) -> StateEvidence:
 
 
 def discover(ev: StateEvidence, state_group: np.ndarray, m_min: int) -> tuple[np.ndarray, np.ndarray]:
-    """Milestone Discovery (DESIGN 2 (1)), with exact integer comparisons of rates.
+    """Milestone Discovery (docs/algorithms.md, "MileGPO v2": discovery), with exact integer comparisons of rates.
 
     Milestone: not initial, n+(v) >= min(m_min, N+) with N+ >= 1, and n+/(n+ + n-) > p̄.
     Trap: not initial, visited by >= 2 failed rollouts or revisited within one, and n+/(n+ + n-) < p̄.
@@ -69,7 +69,7 @@ class BranchEvidence:
 
 
 def branch_evidence(batch: RolloutBatch, values: np.ndarray | None = None, tol: float = 1e-12) -> BranchEvidence:
-    """Same-state branch evidence (DESIGN 2 (3)); ``values`` per step default to the rollout outcome.
+    """Same-state branch evidence Q(u, a), V(u) (docs/algorithms.md); ``values`` per step default to the rollout outcome.
 
     Q(u, a) = mean of ``values`` over the steps that took a at u; V(u) = mean over all steps at u.
     """

@@ -1,4 +1,4 @@
-"""GiGPO: episode advantage plus anchor-state step advantage (DESIGN 2 (4) and 7, verl-agent)."""
+"""GiGPO: episode advantage plus anchor-state step advantage (docs/algorithms.md, "GRPO and GiGPO"; verl-agent)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""The group rollout graph (DESIGN 2): nodes = interned state ids plus SUCCESS and FAIL terminals,
+"""The group rollout graph (docs/algorithms.md): nodes = interned state ids plus SUCCESS and FAIL terminals,
 edges = observed transitions kappa(s_t) -> kappa(s_{t+1}); the last step of a rollout enters SUCCESS
 or FAIL. Groups never share a state id, so one graph over the whole batch holds every group graph
 as a disconnected component, and a single SUCCESS / FAIL node pair serves all groups.

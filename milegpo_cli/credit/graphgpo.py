@@ -1,4 +1,4 @@
-"""GraphGPO (arXiv 2605.26684 as summarised in DESIGN 8): rollouts of a task merged into one graph;
+"""GraphGPO (arXiv 2605.26684; our reading: docs/algorithms.md, "GraphGPO"): rollouts of a task merged into one graph;
 the step return decays with the graph distance to success from the state the step leads to:
 
     r^G_{i,t} = c * gamma_G ** d(s_{i,t+1})     (0 when SUCCESS is unreachable; d(SUCCESS) = 0)

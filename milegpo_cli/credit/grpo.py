@@ -1,4 +1,4 @@
-"""GRPO: episode-level group-relative advantage (DESIGN 2 (4); verl-agent ``episode_norm_reward``)."""
+"""GRPO: episode-level group-relative advantage (docs/algorithms.md; verl-agent ``episode_norm_reward``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -67,6 +67,6 @@ def episode_advantage(batch: RolloutBatch, config: CreditConfig) -> tuple[np.nda
 
 
 def grpo(batch: RolloutBatch, config: CreditConfig, drop: frozenset = frozenset()) -> CreditResult:
-    """A_{i,t} = A^E_i (GRPO is the omega = 0 case of DESIGN 2 (4))."""
+    """A_{i,t} = A^E_i (GRPO is the omega = 0 case of A = A^E + omega A^S, docs/algorithms.md)."""
     rollout_adv, step_adv = episode_advantage(batch, config)
     return make_result(batch.num_steps, step_adv, rollout_adv, np.zeros(batch.num_steps), 0.0)

@@ -1,5 +1,6 @@
-"""MileGPO v2 (``formulation="v2"``, formerly "ours"; DESIGN 2 as written, measured in DESIGN 2.5): Milestone Discovery, Reliability-Calibrated Shaping (RCS),
-Progress-Contrastive Calibration (PCC), immediate calibrated credit in the step advantage.
+"""MileGPO v2 (``formulation="v2"``, formerly "ours"; docs/algorithms.md): Milestone Discovery,
+Reliability-Calibrated Shaping (RCS), Progress-Contrastive Calibration (PCC), immediate calibrated
+credit in the step advantage.
 
     c_t   = p(u -> v) + [v a candidate first entered at t] * b(v) * gate_progress * gate_branch
     A^S   = anchor-normalised G_{i,t} + c_t

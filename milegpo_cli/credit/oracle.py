@@ -1,4 +1,4 @@
-"""Oracle milestones (BEACON-style reference, DESIGN 7; diagnostics only): the environment's true
+"""Oracle milestones (BEACON-style reference, docs/algorithms.md; diagnostics only): the environment's true
 subgoals used as milestones, i.e. what perfect milestone discovery could give.
 
     m_{i,t} = R_ms x (true subgoals newly reached at step t)      (R_ms = lambda_m x graph_c)

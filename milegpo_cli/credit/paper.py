@@ -1,4 +1,4 @@
-"""MileGPO, the paper's construction as summarised in DESIGN 8 (``formulation="paper"``).
+"""MileGPO, the paper's construction as docs/algorithms.md reads it (``formulation="paper"``).
 
 Our exact reading (docs/algorithms.md):
     S_m(v) = w_s max(p+(v) - p̄, 0) + w_m n+(v)/N+ + w_c deg(v)/max_group deg

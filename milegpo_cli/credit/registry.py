@@ -21,7 +21,7 @@ FORMULATION = {"v3": milegpo_v3, "v2": milegpo_v2, "paper": milegpo_paper}
 
 
 def milegpo(batch: RolloutBatch, config: CreditConfig, drop: frozenset) -> CreditResult:
-    """MileGPO in the formulation the config selects (v3: docs/algorithms.md, v2: DESIGN 2, paper: DESIGN 8)."""
+    """MileGPO in the formulation the config selects (v3, v2 or paper; docs/algorithms.md)."""
     return FORMULATION[config.formulation](batch, config, drop)
 
 

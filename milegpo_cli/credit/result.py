@@ -8,7 +8,7 @@ import numpy as np
 
 
 class Candidate(NamedTuple):
-    """A milestone or trap of one group (DESIGN 2 (1)-(3); paper formulation: DESIGN 8).
+    """A milestone or trap of one group (v3, v2 and paper formulations: docs/algorithms.md).
 
     ``rho``: reliability in [-1, 1] (ours) or the signed normalised score +-S(v) (paper).
     ``distance``: graph distance to SUCCESS (inf if unreachable).

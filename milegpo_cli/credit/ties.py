@@ -1,4 +1,4 @@
-"""Share of same-state ties (DESIGN 8: "about half of same-state action pairs get identical returns")."""
+"""Share of same-state ties (docs/algorithms.md, "GraphGPO": the ties the paper reports MileGPO breaks)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Credit diagnostics at scale (DESIGN.md sections 2 and 8; issues 9 and 10).
+"""Credit diagnostics at scale (docs/algorithms.md, "Choosing the defaults"; issues 9, 10 and 15).
 
 Two halves, both usable from ``bench/credit_diagnostics.py``:
 
@@ -40,7 +40,7 @@ from milegpo_cli.experiments.stats import CONFIDENCE, Estimate
 P_VALUES = (0.25, 0.5, 0.75)
 V2_AS_MEASURED = {"formulation": "v2", "lambda_p": 2.0, "lambda_m": 0.5, "lambda_t": 0.5, "g_p": 0.0, "g_b": 0.0}
 ABLATIONS = ("reliability", "progress", "same-state", "traps", "milestones")
-PAPER_ETA = {"alfworld": 0.2, "webshop": 1.0}  # DESIGN 8: eta per environment
+PAPER_ETA = {"alfworld": 0.2, "webshop": 1.0}  # eta per environment (docs/algorithms.md, the paper's construction)
 
 
 class CreditBenchError(MilegpoError, ValueError):
@@ -177,10 +177,11 @@ class Variant:
 
 def default_variants(env: str, config: CreditConfig | None = None, ablations: Sequence[str] = ABLATIONS,
                      candidate: dict | None = None) -> list[Variant]:
-    """Baselines, MileGPO v3 (``config``: the recipe's own [credit] settings), v2 as measured in
-    DESIGN 2.5 and the paper formulation (the paper's eta for ``env``), each with its single ablations;
-    ``candidate`` (CreditConfig overrides of v3) adds a row ``milegpo[k=v,...]`` paired against
-    GraphGPO, the strongest baseline. MileGPO v3 itself is paired against GraphGPO too."""
+    """Baselines, MileGPO v3 (``config``: the recipe's own [credit] settings), v2 at the values it
+    was measured with (docs/algorithms.md) and the paper formulation (the paper's eta for ``env``),
+    each with its single ablations; ``candidate`` (CreditConfig overrides of v3) adds a row
+    ``milegpo[k=v,...]`` paired against GraphGPO, the strongest baseline. MileGPO v3 itself is
+    paired against GraphGPO too."""
     base = config or CreditConfig()
     ours = replace(base, formulation="v3")
     v2 = replace(base, **V2_AS_MEASURED)

@@ -1,4 +1,4 @@
-"""Credit diagnostics (DESIGN.md section 2): how well per-step advantages agree with the oracle.
+"""Credit diagnostics (docs/algorithms.md, "Choosing the defaults"): how well per-step advantages agree with the oracle.
 
 - ROC-AUC of the advantage against the oracle label (good = the action is on a shortest plan):
   AUC = P(A_good > A_bad) + 0.5 P(A_good = A_bad) = U / (n_good n_bad), U the Mann-Whitney statistic

@@ -1,4 +1,4 @@
-"""The two action modes of DESIGN.md section 3 and the log-probabilities the PPO update recomputes.
+"""The two action modes (docs/architecture.md, "Policy and loss") and the log-probabilities the PPO update recomputes.
 
 ``score``: pi(a | s) = softmax_a( log p_theta(a | prompt) / T ) over the admissible commands a,
 where log p_theta(a | prompt) = sum_j log p_theta(a_j | prompt, a_<j) is the sequence log-probability

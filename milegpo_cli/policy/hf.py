@@ -1,6 +1,6 @@
 """Load any Hugging Face causal LM (name or local folder), optionally wrapped with a LoRA adapter.
 
-The reference policy of the KL term (DESIGN.md section 3, verl-agent convention) is the same
+The reference policy of the KL term (docs/architecture.md "Policy and loss", verl-agent convention) is the same
 model with its adapter disabled (``with model.disable_adapter()``); without LoRA it is a frozen
 copy of the weights taken before the first update (:func:`frozen_copy`).
 """

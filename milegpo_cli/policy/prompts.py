@@ -1,4 +1,4 @@
-"""Prompts in the verl-agent / ALFWorld convention (DESIGN.md section 7).
+"""Prompts in the verl-agent / ALFWorld convention.
 
 The prompt holds the task, "you have already taken K step(s)", the last ``history`` (observation,
 action) pairs, the current observation and the admissible actions. In ``generate`` mode it ends

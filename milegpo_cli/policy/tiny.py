@@ -1,4 +1,4 @@
-"""The default model for machines without a GPU or hub access (DESIGN.md section 3).
+"""The default model for machines without a GPU or hub access (docs/architecture.md, "Policy and loss").
 
 A small Qwen2-architecture causal LM built from a config dict, with a byte-level BPE tokenizer
 trained locally (``tokenizers``) on the environment's own text plus the prompt template. Both are

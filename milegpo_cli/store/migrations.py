@@ -1,4 +1,4 @@
-"""In-place upgrades of an older run store, run by ``RunStore`` when it opens one (DESIGN.md section 5).
+"""In-place upgrades of an older run store, run by ``RunStore`` when it opens one (docs/architecture.md).
 
 ``MIGRATIONS[v]`` turns a version-``v`` store into version ``v + 1``. Each step is plain SQL that
 SQLite (3.35 or newer: ``DROP COLUMN``) and PostgreSQL both run, inside the store's open

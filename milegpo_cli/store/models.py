@@ -1,4 +1,4 @@
-"""SQLAlchemy 2 ORM schema of the run store (DESIGN.md section 5).
+"""SQLAlchemy 2 ORM schema of the run store (docs/architecture.md, "What a run stores").
 
 Bump :data:`SCHEMA_VERSION` with every change to these tables and add the step that upgrades the
 previous version in place to migrations.py; a store written by a newer version is refused with a

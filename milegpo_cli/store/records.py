@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class StepRecord:
-    """Step t of an episode: the transition kappa(s_t) --a_t--> and its advantage parts (DESIGN 2 (4))."""
+    """Step t of an episode: the transition kappa(s_t) --a_t--> and its advantage parts (docs/algorithms.md)."""
 
     t: int
     state_key: str
@@ -44,7 +44,7 @@ class EpisodeRecord:
 
 @dataclass
 class CandidateRecord:
-    """A milestone or trap candidate of one group (DESIGN 2 (1)-(3))."""
+    """A milestone or trap candidate of one group (docs/algorithms.md, "MileGPO v3" and "MileGPO v2")."""
 
     group: str
     key: str

@@ -1,5 +1,5 @@
 """The run store's repository: every read and write of runs, iterations, episodes, steps,
-candidates, evaluations and checkpoints (DESIGN.md section 5).
+candidates, evaluations and checkpoints (docs/architecture.md, "What a run stores").
 
 SQLite by default, any SQLAlchemy URL otherwise. Several processes may write one SQLite file at once
 (notes/stack-facts.md): WAL journal, a busy timeout, ``synchronous=NORMAL``, and writes that take the

@@ -1,4 +1,4 @@
-"""Held-out evaluation and the expert-action probe (DESIGN.md section 3: an evaluation that can tell).
+"""Held-out evaluation and the expert-action probe (docs/learning.md, "An evaluation that can tell").
 
 - **Evaluation**: one episode per task of a fixed, stored task list per split
   (``suite.tasks(split, eval.episodes, seed=EVAL_TASK_SEED)``, the same for every run and seed;

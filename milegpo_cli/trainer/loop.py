@@ -1,4 +1,4 @@
-"""The training loop (DESIGN.md sections 2-5, 7): rollouts -> credit -> PPO -> store + MLflow.
+"""The training loop (docs/architecture.md, "One training iteration"): rollouts -> credit -> PPO -> store + MLflow.
 
 Where PPO starts: the cached base policy (``[base]``, trainer/base_policy.py), else the untrained
 model, optionally followed by a per-run supervised warm start (``[warmstart]``). Evaluations

@@ -1,4 +1,4 @@
-"""PPO update of the policy (DESIGN.md section 3, verl-agent conventions of section 7).
+"""PPO update of the policy (docs/architecture.md "Policy and loss"; settings: docs/learning.md).
 
 Loss per token (generate mode: every reply token; score mode: one "token" per step, the chosen
 command under the candidate softmax), with r = exp(logp - logp_old) and advantage A:

@@ -1,4 +1,4 @@
-"""Group rollouts (DESIGN.md sections 2 and 7): G tasks x N rollouts stepped as one batch.
+"""Group rollouts (docs/architecture.md, "One training iteration"): G tasks x N rollouts stepped as one batch.
 
 All G*N episodes live in one VectorEnv; at every step one batched ``policy.act`` call serves every
 episode still running. Reward convention (verl-agent): ``success_reward`` x success on the

@@ -1,4 +1,4 @@
-"""Supervised warm start on expert walkthroughs (DESIGN.md section 3; a recipe option, off by default).
+"""Supervised warm start on expert walkthroughs (docs/learning.md; a recipe option, off by default).
 
 Score mode: maximise log pi(expert | admissible) under the candidate softmax (cross-entropy over
 the admissible set). Generate mode: token cross-entropy of the reply "<action>expert</action>" + eos.
