@@ -299,9 +299,11 @@ class Evaluator:
         self.config, self.suite, self.venv, self.probe = config, suite, venv, probe
         self.store, self.tracker, self.run_id, self.console = store, tracker, run_id, console
 
-    def __call__(self, policy, iteration: int, phase: str) -> dict[str, dict[str, float]]:
+    def __call__(self, policy, iteration: int, phase: str,
+                 probes: dict[str, dict[str, float]] | None = None) -> dict[str, dict[str, float]]:
+        """Evaluate every split; ``probes``: this policy's probe scores when already measured."""
         cfg = self.config
-        probes = self.probe.measure(policy)
+        probes = self.probe.measure(policy) if probes is None else probes
         out = {}
         for split in cfg.eval.splits:
             metrics, played = run_evaluation(cfg, policy, self.venv, self.suite, split, cfg.eval.episodes,
@@ -326,10 +328,9 @@ def starting_policy(config: Config, suite, device, evaluate: Evaluator, run_dir:
     from milegpo_cli.policy import Policy
     from milegpo_cli.trainer.base_policy import base_metrics, ensure_base_policy
 
-    trained_first = config.base.enabled or config.warmstart.enabled
     metrics: dict[str, float] = {}
-    policy = build_policy(config, suite, device)
-    if trained_first and config.eval.untrained:
+    policy = None if config.base.enabled and not config.eval.untrained else build_policy(config, suite, device)
+    if (config.base.enabled or config.warmstart.enabled) and config.eval.untrained:
         evaluate(policy, 0, "untrained")
     if config.base.enabled:
         folder = ensure_base_policy(config, suite, device, log)
@@ -422,7 +423,8 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
             for it in range(start + 1, config.run.iterations + 1):
                 t0 = time.perf_counter()
                 res = train_iteration(config, policy, updater, venv, pool, suite, it)
-                for split, values in probe.measure(policy).items():
+                probes = probe.measure(policy)
+                for split, values in probes.items():
                     res.metrics.update({f"{k}_{split}": v for k, v in values.items()})
                 bad = bad + 1 if res.metrics.get("optimizer_steps", 1) == 0 else 0
                 if bad:
@@ -435,7 +437,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
                     log(iteration_line(it, config.run.iterations, res.metrics, time.perf_counter() - t0))
                 status = f"success {res.metrics['success_rate']:.2f}"
                 if it % config.eval.every == 0 or it == config.run.iterations:
-                    evals = evaluate(policy, it, "train")
+                    evals = evaluate(policy, it, "train", probes)
                     status += "  " + "  ".join(f"{s} {m['success_rate']:.2f}" for s, m in evals.items())
                 if it % config.checkpoint.every == 0 or it == config.run.iterations:
                     write_checkpoint(config, store, run_id, it, policy, updater, accelerator)
