@@ -20,7 +20,7 @@ TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.n
         "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "ppo.epochs=1",
         "eval.episodes=2", "eval.splits=['id']", "run.threads=1", "env.max_steps=4",
         "env.webshop.num_products=300", "env.webshop.train_instructions=80", "env.webshop.eval_instructions=8",
-        "checkpoint.every=1", "eval.every=2", "rollout.train_tasks=16"]
+        "checkpoint.every=1", "eval.every=2", "rollout.train_tasks=16", "base.enabled=false", "eval.probe_states=6"]
 EPISODES = 4  # groups x group_size
 
 

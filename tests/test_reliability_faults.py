@@ -29,7 +29,8 @@ TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.n
         "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
         "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "ppo.epochs=1",
         "eval.episodes=2", "eval.splits=['id']", "run.threads=1", "env.max_steps=4",
-        "env.webshop.num_products=300", "env.webshop.train_instructions=80", "env.webshop.eval_instructions=8"]
+        "env.webshop.num_products=300", "env.webshop.train_instructions=80", "env.webshop.eval_instructions=8",
+        "base.enabled=false", "rollout.train_tasks=8", "eval.probe_states=0"]  # no probe: fault step counts stay fixed
 
 
 @pytest.fixture

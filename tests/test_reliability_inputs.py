@@ -303,6 +303,7 @@ def test_checkpoint_with_a_bad_hash_is_refused(tmp_path):
     tiny = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",
             "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
             "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "eval.episodes=2",
+            "base.enabled=false", "rollout.train_tasks=8", "eval.probe_states=6",
             "eval.splits=['id']", "env.max_steps=3", "env.webshop.num_products=300",
             "env.webshop.train_instructions=80", "env.webshop.eval_instructions=8", "run.iterations=2",
             "checkpoint.every=1", "eval.every=2"]

@@ -25,7 +25,8 @@ TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.n
         "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "rollout.train_tasks=8",
         "eval.episodes=2", "eval.splits=['id']", "env.max_steps=3", "env.webshop.num_products=300",
         "env.webshop.train_instructions=80", "env.webshop.eval_instructions=8", "run.iterations=2",
-        "eval.every=2", "checkpoint.every=2", "warmstart.enabled=false", "run.threads=1"]
+        "eval.every=2", "checkpoint.every=2", "warmstart.enabled=false", "run.threads=1", "base.enabled=false",
+        "eval.probe_states=6"]
 
 
 def free_port() -> int:

@@ -125,6 +125,7 @@ def test_train_resume_refuses_a_tampered_trainer_state(tmp_path):
     tiny = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",
             "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
             "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "rollout.train_tasks=8",
+            "base.enabled=false", "eval.probe_states=6",
             "eval.episodes=2", "eval.splits=['id']", "env.max_steps=3", "env.webshop.num_products=300",
             "env.webshop.train_instructions=80", "env.webshop.eval_instructions=8", "run.iterations=1",
             "checkpoint.every=1", "warmstart.enabled=false"]

@@ -326,8 +326,7 @@ def generate_games(config: AlfworldConfig, split: str, n: int,
     if config.official_data is not None:
         raise EnvError("official_data is set: the official games are played, nothing to generate")
     if start + n > config.pool_size(split):
-        raise EnvError(f"{split}: games {start}..{start + n - 1} exceed the split's pool of "
-                       f"{config.pool_size(split)} games")
+        raise EnvError(f"{split}: n={n} from game {start} exceeds the split's pool of {config.pool_size(split)} games")
     paths = []
     for i in range(n):
         paths.append(generate_game(config, split, start + i))
