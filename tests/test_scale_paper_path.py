@@ -96,7 +96,7 @@ ENV = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("env", ["alfworld", "webshop"])
-def test_one_iteration_of_the_paper_recipe_at_toy_size(env, toy_qwen, tmp_path):
+def test_one_iteration_of_the_paper_recipe_at_toy_size(env, toy_qwen, tmp_path, request):
     from safetensors.torch import load_file
 
     from milegpo_cli.store import RunStore
@@ -107,6 +107,7 @@ def test_one_iteration_of_the_paper_recipe_at_toy_size(env, toy_qwen, tmp_path):
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(True)  # one per process: earlier tests made one without bf16
+    request.addfinalizer(lambda: AcceleratorState._reset_state(True))  # and later tests need theirs
     config = load_config(f"{env}-paper", [
         f"policy.model={json.dumps(str(toy_qwen))}", "policy.max_prompt_tokens=192", "policy.max_new_tokens=8",
         "rollout.groups=2", "rollout.group_size=2", "rollout.train_tasks=8", "run.iterations=1", "run.threads=1",

@@ -118,6 +118,9 @@ class RolloutBatch:
                 raise CreditError(f"outcome: {where} has non-finite outcome {r.outcome!r}")
             if abs(out) > MAX_MAGNITUDE:
                 raise CreditError(f"outcome: {where} has |outcome| {out:.3g} > {MAX_MAGNITUDE:g} (rescale the scores)")
+            big = next((x for x in r.rewards if math.isfinite(x) and abs(x) > MAX_MAGNITUDE), None)
+            if big is not None:
+                raise CreditError(f"rewards: {where} has |reward| {big:.3g} > {MAX_MAGNITUDE:g} (rescale the rewards)")
             for name, per_step in (("invalid", r.invalid), ("subgoals", r.subgoals)):
                 if per_step is not None and len(per_step) != len(r.states):
                     raise CreditError(f"{name}: {where} has {len(per_step)} entries for {len(r.states)} steps")
@@ -143,10 +146,6 @@ class RolloutBatch:
         if reward.size and not np.isfinite(reward).all():
             bad = int(np.flatnonzero(~np.isfinite(reward))[0])
             raise CreditError(f"rewards: non-finite reward at flattened step {bad}")
-        if reward.size and np.abs(reward).max() > MAX_MAGNITUDE:
-            bad = int(np.argmax(np.abs(reward)))
-            raise CreditError(f"rewards: |reward| {reward[bad]:.3g} > {MAX_MAGNITUDE:g} at flattened step {bad} "
-                              "(rescale the rewards)")
         length_a = np.asarray(length, dtype=np.int64)
         offset = np.concatenate([[0], np.cumsum(length_a)[:-1]]).astype(np.int64) if length else np.zeros(0, np.int64)
         step_rollout = np.repeat(np.arange(len(length), dtype=np.int64), length_a)
