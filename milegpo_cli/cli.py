@@ -21,6 +21,7 @@ from rich.console import Console
 from envs.base import EnvError
 from milegpo_cli.config import Config, credit_overrides, default_db_url, default_tracking_uri, load_config
 from milegpo_cli.errors import MilegpoError
+from milegpo_cli.relaunch import ensure_cpu_processes
 
 app = typer.Typer(help="MileGPO / GiGPO / GRPO experiments on ALFWorld and WebShop: train, evaluate, "
                        "analyse; runs stored in SQLite and MLflow.",
@@ -373,4 +374,5 @@ def policy_build_base(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, runs_
 
 
 def main() -> None:
+    ensure_cpu_processes()
     app()

@@ -1,8 +1,9 @@
 """Data parallel over processes (issue 18): `accelerate launch` with 2 CPU processes (gloo). Each
 rank plays its own groups, gradients are averaged, the weights stay identical on every rank after
 each update (checked by a checksum every iteration), and rank 0 writes one run with everyone's
-episodes. (accelerate 1.16's `launch --cpu` starts several processes only through mpirun, so the
-test launches with --multi_gpu, which on a machine without GPUs runs torchrun's CPU processes.)"""
+episodes. The test launches with the issue's own command, `--cpu --num_processes 2`: accelerate 1.16
+starts several CPU processes only through mpirun, so milegpo relaunches itself under torchrun
+(milegpo_cli/relaunch.py)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from milegpo_cli.relaunch import requested_cpu_processes
 from milegpo_cli.store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +40,7 @@ def test_two_processes_play_their_own_groups_and_keep_identical_weights(tmp_path
         pytest.skip("torch without gloo")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ALFWORLD_DATA": str(REPO / "runs" / "alfworld_data"),
            "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
            "-m", "milegpo_cli", "train", "--recipe", "alfworld", "--iterations", "2",
            *[x for s in TINY for x in ("--set", s)]]
@@ -63,3 +65,24 @@ def test_two_processes_play_their_own_groups_and_keep_identical_weights(tmp_path
         assert len({t for ts in groups.values() for t in ts}) == 4  # the ranks played different tasks
         assert m["steps"] == sum(e["length"] for e in episodes)
     assert len(store.evaluations(run["id"])) == 2  # start and end, written once (by rank 0)
+
+
+LAUNCH = ["python", "/venv/bin/accelerate", "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+          "-m", "milegpo_cli", "train", "--iterations", "1"]
+SIMPLE = {"ACCELERATE_USE_CPU": "True", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+def test_the_lone_process_of_a_multi_cpu_launch_asks_for_a_relaunch():
+    assert requested_cpu_processes(SIMPLE, LAUNCH) == 2
+    module_form = ["python", "-m", "accelerate.commands.launch", *LAUNCH[3:]]
+    assert requested_cpu_processes(SIMPLE, module_form) == 2
+
+
+def test_no_relaunch_for_one_process_a_started_rank_or_another_launcher():
+    assert requested_cpu_processes(SIMPLE, [*LAUNCH[:4], "--num_processes", "1", *LAUNCH[6:]]) == 1
+    assert requested_cpu_processes({**SIMPLE, "WORLD_SIZE": "2", "RANK": "1"}, LAUNCH) == 1  # torchrun's child
+    assert requested_cpu_processes({**SIMPLE, "PMI_SIZE": "2"}, LAUNCH) == 1  # mpirun's child
+    assert requested_cpu_processes({**SIMPLE, "ACCELERATE_USE_CPU": "False"}, LAUNCH) == 1
+    assert requested_cpu_processes(SIMPLE, ["python", "-m", "milegpo_cli", "train"]) == 1
+    two_machines = [*LAUNCH[:6], "--num_machines", "2", *LAUNCH[8:]]
+    assert requested_cpu_processes(SIMPLE, two_machines) == 1
