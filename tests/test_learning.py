@@ -119,7 +119,10 @@ def test_base_policy_is_built_once_and_ppo_starts_from_it(tmp_path, models_dir):
              "checkpoint.every=1", "eval.untrained=true"]
     config = make_config("webshop", tmp_path, models_dir, *extra)
     suite = loop.build_suite(config)
-    folder = ensure_base_policy(config, suite, "cpu", log=lambda *_: None)
+    lines: list[str] = []
+    folder = ensure_base_policy(config, suite, "cpu", log=lines.append)
+    assert any("expert walkthroughs 6/6" in line for line in lines)  # progress of a long build
+    assert sum("supervised epoch" in line for line in lines) == 2
     built = (folder / "model").stat().st_mtime_ns
     assert ensure_base_policy(config, suite, "cpu", log=lambda *_: None) == folder  # cached
     assert (folder / "model").stat().st_mtime_ns == built

@@ -59,12 +59,12 @@ def build_base_policy(config, suite, policy, log=print) -> dict[str, float]:
     tasks = base_tasks(suite, cfg.walkthroughs)
     venv = suite.make_vector_env(min(len(tasks), 16), oracle=True)
     try:
-        steps, won = expert_walkthroughs(venv, tasks, suite.max_steps)
+        steps, won = expert_walkthroughs(venv, tasks, suite.max_steps, log)
     finally:
         venv.close()
     log(f"base policy: {len(tasks)} expert walkthroughs ({won} won, {len(steps)} steps) in "
         f"{time.perf_counter() - start:.0f} s; supervised training, {cfg.epochs} epochs")
-    out = supervised_warm_start(policy, steps, cfg.epochs, cfg.lr, minibatch_size=cfg.minibatch_size)
+    out = supervised_warm_start(policy, steps, cfg.epochs, cfg.lr, minibatch_size=cfg.minibatch_size, log=log)
     return {**{k.replace("warmstart_", "base_"): v for k, v in out.items()},
             "base_walkthroughs": float(len(tasks)), "base_expert_won": float(won),
             "base_build_s": time.perf_counter() - start}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from envs.base import StepResult, Task, VectorEnv
 
@@ -118,11 +118,12 @@ def run_episodes(policy, venv: VectorEnv, tasks: Sequence[Task], group_size: int
     return episodes
 
 
-def expert_walkthroughs(venv: VectorEnv, tasks: Sequence[Task], max_steps: int) -> tuple[list[Any], int]:
+def expert_walkthroughs(venv: VectorEnv, tasks: Sequence[Task], max_steps: int,
+                        log: Callable[[str], None] | None = None) -> tuple[list[Any], int]:
     """Play each task once following the oracle's first action (venv made with oracle=True).
     Returns the expert steps (trainer.warmstart.ExpertStep) and the number of won walkthroughs.
     An episode whose oracle has no action left (goal unreachable) is idled with no-op steps until
-    the batch ends; its steps are not recorded."""
+    the batch ends; its steps are not recorded. ``log`` gets a progress line about every 10 %."""
     from milegpo_cli.trainer.warmstart import ExpertStep
 
     steps: list[ExpertStep] = []
@@ -149,4 +150,7 @@ def expert_walkthroughs(venv: VectorEnv, tasks: Sequence[Task], max_steps: int) 
                 obs[e] = res.observation
                 if res.done or res.error is not None:
                     live.discard(e)
+        done, every = start + len(chunk), max(1, len(tasks) // 10)
+        if log is not None and (done == len(tasks) or done // every != start // every):
+            log(f"  expert walkthroughs {done}/{len(tasks)} ({won} won, {len(steps)} steps)")
     return steps, won

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -23,9 +23,11 @@ class ExpertStep:
 
 
 def supervised_warm_start(policy, samples: Sequence[ExpertStep], epochs: int, lr: float,
-                          minibatch_size: int = 16, max_grad_norm: float = 1.0) -> dict[str, float]:
+                          minibatch_size: int = 16, max_grad_norm: float = 1.0,
+                          log: Callable[[str], None] | None = None) -> dict[str, float]:
     """Fine-tune ``policy.model`` on the expert steps with AdamW; returns loss before / after and the
-    expert-action accuracy (score mode: share of steps whose argmax candidate is the expert's)."""
+    expert-action accuracy (score mode: share of steps whose argmax candidate is the expert's).
+    ``log`` gets one line per epoch."""
     if not samples:
         raise ValueError("warmstart: no expert steps")
     if epochs < 1 or lr <= 0:
@@ -38,7 +40,7 @@ def supervised_warm_start(policy, samples: Sequence[ExpertStep], epochs: int, lr
     was_training = model.training
     model.train()
     losses = []
-    for _ in range(epochs):
+    for epoch in range(epochs):
         total, count = 0.0, 0
         for i in torch.randperm(len(train)).split(minibatch_size):
             chunk = [train[j] for j in i.tolist()]
@@ -51,6 +53,9 @@ def supervised_warm_start(policy, samples: Sequence[ExpertStep], epochs: int, lr
             total += float(loss.detach()) * logp.numel()
             count += logp.numel()
         losses.append(total / count)
+        if log is not None:
+            log(f"  supervised epoch {epoch + 1}/{epochs}: loss {losses[-1]:.3f} "
+                f"({time.perf_counter() - start:.0f} s)")
     model.train(was_training)
     out = {"warmstart_loss_first_epoch": losses[0], "warmstart_loss_last_epoch": losses[-1],
            "warmstart_steps": len(train), "warmstart_time_s": time.perf_counter() - start}
