@@ -141,7 +141,7 @@ def main() -> None:
     torch.set_num_threads(1)
     results: dict[str, dict] = {}
     for name in (["baseline"] if args.baseline else ["baseline", "optimised"]):
-        engine.install_engine_caches(True, queries=name != "baseline")
+        engine.install_engine_caches(True, grammar=name != "baseline")
         tr = Trainer(args.recipe, [*args.sets, *(BASELINE if name == "baseline" else [])], args.root)
         torch.set_num_threads(tr.config.run.threads)
         if name == "optimised" or args.baseline:

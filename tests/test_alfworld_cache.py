@@ -53,6 +53,23 @@ def test_cache_on_and_off_give_identical_episodes(tasks):
     assert any(step[4] for ep in runs[0] for step in ep[1:])  # oracle labels were part of the comparison
 
 
+def test_grammar_shortcuts_give_identical_episodes(tasks):
+    from envs.alfworld import engine
+
+    runs = {}
+    try:
+        for grammar in (False, True):
+            engine.install_engine_caches(True, grammar=grammar)
+            venv = AlfworldVectorEnv(3, expert="planner", max_steps=12, workers=0, expert_slots=1, cache_size=0)
+            try:
+                runs[grammar] = _walks(venv, tasks, seed=5, episodes=4)
+            finally:
+                venv.close()
+    finally:
+        engine.install_engine_caches(True)
+    assert runs[False] == runs[True]
+
+
 def test_cache_hits_skip_the_engine_and_survive_eviction(tasks):
     from envs.alfworld import engine
 

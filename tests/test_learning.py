@@ -14,7 +14,7 @@ from rich.console import Console
 
 from milegpo_cli.store import RunStore
 from milegpo_cli.trainer import loop
-from milegpo_cli.trainer.base_policy import base_policy_dir, ensure_base_policy
+from milegpo_cli.trainer.base_policy import base_policy_dir, build_base_policy, ensure_base_policy
 from milegpo_cli.intervals import wilson_interval
 from milegpo_cli.trainer.evaluation import eval_tasks
 from milegpo_cli.trainer.ppo import PPOUpdater, normalise_advantages, ppo_loss, sample_logprobs
@@ -114,6 +114,22 @@ def test_lora_kl_reference_is_the_warm_started_policy(tmp_path, models_dir):
 
 
 @pytest.mark.slow
+def test_base_policy_does_not_depend_on_the_callers_rng(tmp_path, models_dir):
+    from milegpo_cli.policy import Policy
+
+    config = make_config("webshop", tmp_path, models_dir, "base.enabled=true", "base.walkthroughs=4", "base.epochs=1")
+    suite = loop.build_suite(config)
+    weights = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        before = torch.get_rng_state()
+        policy = Policy.from_config(config.policy, suite.text_corpus(), cache_dir=models_dir, device="cpu")
+        build_base_policy(config, suite, policy, log=lambda *_: None)
+        assert torch.equal(torch.get_rng_state(), before)  # the caller's RNG is left as it was
+        weights.append({k: v.clone() for k, v in policy.model.state_dict().items()})
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
 def test_base_policy_is_built_once_and_ppo_starts_from_it(tmp_path, models_dir):
     extra = ["base.enabled=true", "base.walkthroughs=6", "base.epochs=2", "run.iterations=1", "eval.every=1",
              "checkpoint.every=1", "eval.untrained=true"]

@@ -9,7 +9,8 @@ Three process-wide memo tables make the engine cheaper without changing what it 
 in bench/env_speed.py): the PDDL -> SAS translation of a problem (done twice per reset by
 ``PddlState``), the parse of grammar strings and the parse of grammar conditions (textworld
 parses every rule text and every condition with tatsu on each derivation). All are keyed on their
-full input text.
+full input text. A fourth shortcut copies derivation contexts shallowly (textworld deep-copies the
+entities of every context it forks, though the grammar only reads them).
 
 On top of them, an exact transition cache (:class:`TransitionCache`, ``env.alfworld.cache``):
 (game, expert, full engine state, command) -> (feedback text, next state), where the full engine
@@ -98,12 +99,25 @@ def _query_memo(cls, expr):
     return _query_cached(expr)  # Rule objects are only read by State.all_assignments
 
 
-def install_engine_caches(enabled: bool = True, queries: bool | None = None) -> None:
-    """Memo tables on (``enabled``) or off; ``queries`` (default: ``enabled``) for the condition parse alone."""
+_copy_context = _textgen.copy_context
+
+
+def _copy_context_shallow(context):
+    """textgen.copy_context without its deep copies of the variables and the mapping: the grammar
+    only reads the entities and mapping values ({o.name}-style attribute access; State.all_assignments)
+    and a copy's two dicts only get new keys (textgen.query), so every derived text is the same."""
+    return {"state": context["state"], "facts": context["facts"], "variables": dict(context["variables"]),
+            "mapping": dict(context["mapping"]), "entity_infos": context["entity_infos"]}
+
+
+def install_engine_caches(enabled: bool = True, grammar: bool | None = None) -> None:
+    """Memo tables on (``enabled``) or off; ``grammar`` (default: ``enabled``) for the two grammar
+    shortcuts alone: the condition-parse memo and the shallow derivation-context copies."""
     fast_downward.pddl2sas = _pddl2sas_memo if enabled else _pddl2sas
     _textgen._parse_and_convert = _parse_memo if enabled else _parse_and_convert
-    queries = enabled if queries is None else queries
-    _textgen.Rule.parse_conjunctive_query = classmethod(_query_memo if queries else _parse_query)
+    grammar = enabled if grammar is None else grammar
+    _textgen.Rule.parse_conjunctive_query = classmethod(_query_memo if grammar else _parse_query)
+    _textgen.copy_context = _copy_context_shallow if grammar else _copy_context
 
 
 install_engine_caches()

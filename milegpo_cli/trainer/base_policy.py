@@ -21,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-BASE_VERSION = 1
+BASE_VERSION = 2  # 2: trained under its own seed (BASE_SEED), whatever the caller's RNG state
+BASE_SEED = 0
 MARKER = "base.json"
 # environment settings that change how steps are computed, not the games or the observations
 _ENV_RUNTIME_KEYS = ("workers", "step_timeout_s", "data_dir", "cache", "cache_size", "oracle_share")
@@ -49,7 +50,10 @@ def base_policy_dir(config, tiny_folder: str | Path) -> Path:
 
 
 def build_base_policy(config, suite, policy, log=print) -> dict[str, float]:
-    """Train ``policy`` (the untrained tiny model) on the base walkthroughs; returns its metrics."""
+    """Train ``policy`` (the untrained tiny model) on the base walkthroughs under ``BASE_SEED``
+    (the caller's RNG is left as it was); returns its metrics."""
+    import torch
+
     from milegpo_cli.trainer.rollout import expert_walkthroughs
     from milegpo_cli.trainer.task_pools import base_tasks
     from milegpo_cli.trainer.warmstart import supervised_warm_start
@@ -64,7 +68,9 @@ def build_base_policy(config, suite, policy, log=print) -> dict[str, float]:
         venv.close()
     log(f"base policy: {len(tasks)} expert walkthroughs ({won} won, {len(steps)} steps) in "
         f"{time.perf_counter() - start:.0f} s; supervised training, {cfg.epochs} epochs")
-    out = supervised_warm_start(policy, steps, cfg.epochs, cfg.lr, minibatch_size=cfg.minibatch_size, log=log)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(BASE_SEED)
+        out = supervised_warm_start(policy, steps, cfg.epochs, cfg.lr, minibatch_size=cfg.minibatch_size, log=log)
     return {**{k.replace("warmstart_", "base_"): v for k, v in out.items()},
             "base_walkthroughs": float(len(tasks)), "base_expert_won": float(won),
             "base_build_s": time.perf_counter() - start}
