@@ -263,20 +263,25 @@ class GameEnv:
         self._meta = gamefile
 
     def _load(self, gamefile: str) -> None:
-        infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
-        wrappers = [AlfredDemangler(shuffle=False), AlfredInfos]
-        if self.expert is not None:
-            wrappers.append(AlfredExpert(expert_type=self.expert))  # keyword: 1st arg is `env`
+        """Load ``gamefile`` into this env's engine, made on first use and then reused: every new
+        textworld PddlEnv copies fast-downward's shared library to a temporary file."""
         argv = sys.argv[:]
         try:
-            self._env = textworld.start(gamefile, infos, wrappers)
+            if self._env is None:
+                infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
+                wrappers = [AlfredDemangler(shuffle=False), AlfredInfos]
+                if self.expert is not None:
+                    wrappers.append(AlfredExpert(expert_type=self.expert))  # keyword: 1st arg is `env`
+                self._env = textworld.start(gamefile, infos, wrappers)
+            else:
+                self._gamefile = None  # a failed load leaves no game behind
+                self._env.load(gamefile)
         finally:
             sys.argv[:] = argv
         self._gamefile, self._at = gamefile, None
 
     def _engine_reset(self, gamefile: str):
         if self._env is None or gamefile != self._gamefile:
-            self.close()
             self._load(gamefile)
         _EXPERT_RNG.seed(self._rng_seed)
         argv = sys.argv[:]
