@@ -3,13 +3,15 @@ docs/performance.md off), bare engine speed, the transition cache, update vs a p
 
     nice -n 10 .venv/bin/python bench/train_speed.py --recipe alfworld --iterations 2 [--set key=value ...]
 
-Measured, on the recipe's G x N and the same seeds:
+Measured, on the recipe's G x N and the same seeds, with the policy PPO starts from in `milegpo
+train` (the recipe's cached base policy when [base] is enabled, built first if missing):
 - bare engine: steps/s of the vector env on the iteration's games, random admissible actions, no
   policy, no cache, no oracle;
 - per iteration (trainer.loop.train_iteration + a store write on SQLite), baseline then optimised:
   wall time split into env, policy, credit, update and store; rollout steps/s; cache hit rate.
-  Baseline = ``env.alfworld.cache=false``, ``env.oracle="all"``, the grammar-condition memo off
-  and per-sample scoring in the update (``ppo.micro_batch_size=1``); optimised = the recipe;
+  Baseline = ``env.alfworld.cache=false``, ``env.oracle="all"``, the grammar shortcuts off
+  (condition-parse memo, shallow context copies) and per-sample scoring in the update
+  (``ppo.micro_batch_size=1``); optimised = the recipe;
 - rollout steps/s with the cache off (same policy, same tasks) to isolate the cache;
 - update vs plain: the PPOUpdater against a plain transformers forward/backward/AdamW loop over
   the same minibatches of the same tokens (ScoreSample/GenerateSample.num_tokens);
@@ -97,10 +99,18 @@ class Trainer:
         self.suite = loop.build_suite(c)
         G, N = c.rollout.groups, c.rollout.group_size
         self.venv = self.suite.make_vector_env(G * N, oracle=c.env.oracle)
-        self.policy = loop.build_policy(c, self.suite, loop.make_accelerator(c).device)
+        device = loop.make_accelerator(c).device
+        if c.base.enabled:  # as `milegpo train`: PPO starts from the recipe's cached base policy
+            from milegpo_cli.policy import Policy
+            from milegpo_cli.trainer.base_policy import ensure_base_policy
+
+            self.policy = Policy.start_from(ensure_base_policy(c, self.suite, device), c.policy, device)
+        else:
+            self.policy = loop.build_policy(c, self.suite, device)
         self.updater = PPOUpdater(self.policy, c.ppo, loop.make_accelerator(c), total_updates=100)
         self.pool = loop.train_pool(c, self.suite)
-        self.store = RunStore(Path(tempfile.mkdtemp(dir=root)) / "runs.db")
+        (Path(root) / "bench").mkdir(parents=True, exist_ok=True)
+        self.store = RunStore(Path(tempfile.mkdtemp(dir=Path(root) / "bench")) / "runs.db")
         self.run_id = self.store.create_run(name="bench", algo=c.run.algo, seed=c.run.seed, config=c.to_dict())
 
     def iteration(self, it: int) -> dict:
@@ -131,7 +141,8 @@ def main() -> None:
     ap.add_argument("--recipe", default="alfworld")
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--set", dest="sets", action="append", default=[])
-    ap.add_argument("--root", default="runs/bench")
+    ap.add_argument("--root", default="runs", help="store.root: the cached tiny model and base policy "
+                    "(shared with `milegpo train`); scratch stores go under ROOT/bench")
     ap.add_argument("--baseline", action="store_true", help="measure the baseline path only (every optimisation off)")
     args = ap.parse_args()
     os.environ.setdefault("ALFWORLD_DATA", str(HERE.parent / "runs" / "alfworld_data"))
