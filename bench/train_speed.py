@@ -6,18 +6,20 @@ docs/performance.md off), bare engine speed, the transition cache, update vs a p
 Measured, on the recipe's G x N and the same seeds, with the policy PPO starts from in `milegpo
 train` (the recipe's cached base policy when [base] is enabled, built first if missing):
 - bare engine: steps/s of the vector env on the iteration's games, random admissible actions, no
-  policy, no cache, no oracle;
+  policy, no cache, no oracle: the baseline's engine (the first wave's: its two memo tables, no
+  grammar shortcuts, a new engine per game) and the optimised engine ("fast");
 - per iteration (trainer.loop.train_iteration + a store write on SQLite), baseline then optimised:
   wall time split into env, policy, credit, update and store; rollout steps/s; cache hit rate.
   Baseline = ``env.alfworld.cache=false``, ``env.oracle="all"``, the grammar shortcuts off
-  (condition-parse memo, shallow context copies) and per-sample scoring in the update
-  (``ppo.micro_batch_size=1``); optimised = the recipe;
+  (condition-parse memo, shallow context copies), a new engine per game and per-sample scoring in
+  the update (``ppo.micro_batch_size=1``); optimised = the recipe;
 - rollout steps/s with the cache off (same policy, same tasks) to isolate the cache;
 - update vs plain: the PPOUpdater against a plain transformers forward/backward/AdamW loop over
   the same minibatches of the same tokens (ScoreSample/GenerateSample.num_tokens);
 - peak RSS of this process (cache on).
 S = baseline iteration time / optimised iteration time; C = optimised rollout steps/s (policy
-included) / bare engine steps/s; U = update tokens/s / plain tokens/s. Appends a row to
+included) / bare baseline-engine steps/s (also reported against the fast engine:
+cache_vs_fast_engine); U = update tokens/s / plain tokens/s. Appends a row to
 bench/results/train_speed.csv; the last line printed is ``speedup S cache_vs_engine C update_vs_plain U``.
 """
 from __future__ import annotations
@@ -152,13 +154,13 @@ def main() -> None:
     torch.set_num_threads(1)
     results: dict[str, dict] = {}
     for name in (["baseline"] if args.baseline else ["baseline", "optimised"]):
-        engine.install_engine_caches(True, grammar=name != "baseline")
+        fast = name != "baseline"
+        engine.install_engine_caches(True, grammar=fast, reuse=fast)
         tr = Trainer(args.recipe, [*args.sets, *(BASELINE if name == "baseline" else [])], args.root)
         torch.set_num_threads(tr.config.run.threads)
-        if name == "optimised" or args.baseline:
-            c = tr.config
-            tasks = tr.loop.sample_tasks(tr.pool, c.rollout.groups, c.run.seed, 1)
-            results["bare"] = {"engine_steps_per_s": bare_engine(tr.suite, tasks, c.rollout.group_size)}
+        c = tr.config
+        tasks = tr.loop.sample_tasks(tr.pool, c.rollout.groups, c.run.seed, 1)
+        results.setdefault("bare", {})[name] = bare_engine(tr.suite, tasks, c.rollout.group_size)
         rows = []
         for it in range(1, args.iterations + 1):
             m = tr.iteration(it)
@@ -209,12 +211,15 @@ def main() -> None:
     opt = results.get("optimised", base)
     upd = results.get("update", {"update_tokens_per_s": float("nan"), "plain_tokens_per_s": float("nan")})
     S = base["iteration_s"] / opt["iteration_s"]
-    C = opt["rollout_steps_per_s"] / results["bare"]["engine_steps_per_s"]
+    bare = results["bare"]
+    C = opt["rollout_steps_per_s"] / bare["baseline"]
     U = upd["update_tokens_per_s"] / upd["plain_tokens_per_s"]
     out = {"date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit,
            "machine": f"{platform.machine()} {os.cpu_count()} cpu", "recipe": args.recipe,
            "sets": " ".join(args.sets), "iterations": args.iterations, "baseline_only": args.baseline,
-           "bare_engine_steps_per_s": results["bare"]["engine_steps_per_s"]}
+           "bare_engine_steps_per_s": bare["baseline"],
+           "bare_fast_engine_steps_per_s": bare.get("optimised", float("nan")),
+           "cache_vs_fast_engine": opt["rollout_steps_per_s"] / bare.get("optimised", float("nan"))}
     for name in ("baseline", "optimised"):
         for k, v in results.get(name, {}).items():
             out[f"{name}_{k}"] = v
@@ -224,12 +229,12 @@ def main() -> None:
     for k, v in out.items():
         print(f"{k:>42}: {v}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    new = not RESULTS.exists() or "commit" not in RESULTS.read_text().splitlines()[0]
-    with open(RESULTS, "w" if new else "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(out), extrasaction="ignore")
-        if new:
-            w.writeheader()
-        w.writerow(out)
+    rows = list(csv.DictReader(open(RESULTS, newline=""))) if RESULTS.exists() else []
+    fields = list(dict.fromkeys([*(k for r in rows for k in r), *out]))  # older rows keep their columns
+    with open(RESULTS, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows([*rows, out])
     print(f"speedup {S:.2f} cache_vs_engine {C:.2f} update_vs_plain {U:.2f}")
 
 

@@ -71,18 +71,21 @@ def test_grammar_shortcuts_give_identical_episodes(tasks):
 
 
 def test_a_reused_engine_plays_a_new_game_as_a_fresh_one(tasks):
+    from envs.alfworld import engine
+
     order = [tasks[0], tasks[1], tasks[0]]
-    reused = AlfworldVectorEnv(1, expert="planner", max_steps=12, workers=0, cache_size=0)
+    runs = {}
     try:
-        walks = [_walks(reused, [task], seed=k, episodes=1) for k, task in enumerate(order)]
+        for reuse in (False, True):
+            engine.install_engine_caches(True, reuse=reuse)
+            venv = AlfworldVectorEnv(1, expert="planner", max_steps=12, workers=0, cache_size=0)
+            try:
+                runs[reuse] = [_walks(venv, [task], seed=k, episodes=1) for k, task in enumerate(order)]
+            finally:
+                venv.close()
     finally:
-        reused.close()
-    for k, task in enumerate(order):
-        fresh = AlfworldVectorEnv(1, expert="planner", max_steps=12, workers=0, cache_size=0)
-        try:
-            assert _walks(fresh, [task], seed=k, episodes=1) == walks[k]
-        finally:
-            fresh.close()
+        engine.install_engine_caches(True)
+    assert runs[False] == runs[True]
 
 
 def test_cache_hits_skip_the_engine_and_survive_eviction(tasks):

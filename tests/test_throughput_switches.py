@@ -24,7 +24,7 @@ TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.n
 def _train(root: Path, switches: list[str], memo: bool):
     from envs.alfworld import engine
 
-    engine.install_engine_caches(True, grammar=memo)
+    engine.install_engine_caches(True, grammar=memo, reuse=memo)
     try:
         config = load_config("alfworld", [*TINY, f"store.root={json.dumps(str(root))}", *switches])
         suite = loop.build_suite(config)

@@ -110,14 +110,20 @@ def _copy_context_shallow(context):
             "mapping": dict(context["mapping"]), "entity_infos": context["entity_infos"]}
 
 
-def install_engine_caches(enabled: bool = True, grammar: bool | None = None) -> None:
+_REUSE_ENGINES = True  # GameEnv._load: load the next game into the slot's engine (install_engine_caches)
+
+
+def install_engine_caches(enabled: bool = True, grammar: bool | None = None, reuse: bool | None = None) -> None:
     """Memo tables on (``enabled``) or off; ``grammar`` (default: ``enabled``) for the two grammar
-    shortcuts alone: the condition-parse memo and the shallow derivation-context copies."""
+    shortcuts alone: the condition-parse memo and the shallow derivation-context copies; ``reuse``
+    (default: ``enabled``): a slot loads its next game into its engine instead of starting a new one."""
+    global _REUSE_ENGINES
     fast_downward.pddl2sas = _pddl2sas_memo if enabled else _pddl2sas
     _textgen._parse_and_convert = _parse_memo if enabled else _parse_and_convert
     grammar = enabled if grammar is None else grammar
     _textgen.Rule.parse_conjunctive_query = classmethod(_query_memo if grammar else _parse_query)
     _textgen.copy_context = _copy_context_shallow if grammar else _copy_context
+    _REUSE_ENGINES = enabled if reuse is None else reuse
 
 
 install_engine_caches()
@@ -265,6 +271,8 @@ class GameEnv:
     def _load(self, gamefile: str) -> None:
         """Load ``gamefile`` into this env's engine, made on first use and then reused: every new
         textworld PddlEnv copies fast-downward's shared library to a temporary file."""
+        if not _REUSE_ENGINES:
+            self.close()
         argv = sys.argv[:]
         try:
             if self._env is None:
