@@ -136,8 +136,10 @@ def candidate_logprobs(model, prompts: Sequence[Sequence[int]], candidates: Sequ
     ids, pos, mask, row, src, tgt = pack_candidates(prompts, candidates, pad_id, device)
     dtype = next(model.parameters()).dtype
     bias = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
-    logits = model(input_ids=ids, attention_mask=bias, position_ids=pos).logits
-    tok_logp = F.log_softmax(logits[row, src].float(), dim=-1).gather(-1, ids[row, tgt][:, None]).squeeze(-1)
+    # the output head only where a candidate token is predicted (not on prompt and padding positions)
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=bias, position_ids=pos, use_cache=False).last_hidden_state
+    logits = model.get_output_embeddings()(hidden[row, src])
+    tok_logp = F.log_softmax(logits.float(), dim=-1).gather(-1, ids[row, tgt][:, None]).squeeze(-1)
     lengths = [len(c) for cs in candidates for c in cs]
     cand = torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.as_tensor(lengths, device=device))
     seq_logp = torch.zeros(len(lengths), dtype=tok_logp.dtype, device=device).index_add(0, cand, tok_logp)
