@@ -160,3 +160,16 @@ def test_base_policy_is_built_once_and_ppo_starts_from_it(tmp_path, models_dir):
     assert "iteration 1/1: success" in log and "approx_kl" in log  # plain lines: not a terminal
     assert "eval warmstart (iteration 0) id: success" in log
     assert json.loads(json.dumps(its[0]["metrics"]))  # stored metrics are plain JSON
+
+
+def test_evaluation_and_probe_do_not_depend_on_the_group_layout(tmp_path, models_dir):
+    start = {}
+    for groups in (2, 3):
+        config = make_config("webshop", tmp_path / f"g{groups}", models_dir, f"rollout.groups={groups}",
+                             "eval.episodes=8", "eval.probe_states=20", "run.iterations=1", "eval.every=1")
+        store = RunStore(config.store.db)
+        run_id = loop.train(config, store, config.store.mlflow_uri, console=quiet())
+        (first,) = [e for e in store.evaluations(run_id) if e["phase"] == "warmstart"]
+        start[groups] = (first["success_rate"], first["metrics"]["probe_expert_logp"],
+                         [(e["task_id"], e["outcome"], e["length"]) for e in store.episodes(run_id, evaluation_id=first["id"])])
+    assert start[2] == start[3]

@@ -24,6 +24,9 @@ from milegpo_cli.intervals import wilson_interval
 from milegpo_cli.trainer.rollout import Episode, RolloutStats, expert_walkthroughs, run_episodes
 
 EVAL_TASK_SEED = 0  # the fixed evaluation task lists do not depend on the run seed
+# evaluation episodes played at a time: fixed, so that the evaluation's random draws and the probe's
+# states (the first steps of the first walkthroughs, in step order) do not depend on the recipe's G x N
+EVAL_ENVS = 16
 PHASES = ("untrained", "warmstart", "train")
 
 

@@ -44,7 +44,7 @@ from milegpo_cli.store.records import CandidateRecord, EpisodeRecord, StepRecord
 from milegpo_cli.trainer.distributed import (broadcast_object, gather_iteration, group_offset, rank_parts, shard,
                                              world_size)
 from milegpo_cli.trainer.checkpoint import find_checkpoint, latest_checkpoint, save_checkpoint, set_rng_state
-from milegpo_cli.trainer.evaluation import Probe, episode_metrics, format_success, run_evaluation
+from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe, episode_metrics, format_success, run_evaluation
 from milegpo_cli.trainer.rollout import INVALID_ACTION, Episode, RolloutStats, expert_walkthroughs, run_episodes
 from milegpo_cli.trainer.task_pools import ppo_pool, warmstart_tasks
 
@@ -394,7 +394,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
     G, N = config.rollout.groups, config.rollout.group_size
     venv = suite.make_vector_env(G * N, oracle=config.env.oracle if config.env.name == "alfworld"
                                  else config.env.oracle != "off")
-    eval_venv = suite.make_vector_env(min(config.eval.episodes, G * N), oracle=False)
+    eval_venv = suite.make_vector_env(min(config.eval.episodes, EVAL_ENVS), oracle=False)
     try:
         seed_everything(derive_seed(config.run.seed, "init"))
         pool = train_pool(config, suite)
