@@ -113,9 +113,17 @@ def test_prompt_follows_convention_and_truncates(score_policy):
     limit = len(full) - 5  # dropping the oldest history pair is enough
     cut = encode_prompt(tok, "score", obs(3).task, obs(3).text, ADMISSIBLE, history, 6, 2, limit)
     assert len(cut) <= limit and "observation number 4" not in tok.decode(cut) and "Task:" in tok.decode(cut)
+    long_obs = "You arrive at the kitchen. " + " ".join(f"On the shelf {i} you see a mug {i}." for i in range(60))
+    no_history = encode_prompt(tok, "score", obs(3).task, long_obs, ADMISSIBLE, [], 6, 2, None)
+    limit = len(no_history) // 2  # history gone, then the observation's head
+    head = encode_prompt(tok, "score", obs(3).task, long_obs, ADMISSIBLE, history, 6, 2, limit)
+    text = tok.decode(head)
+    assert limit - 8 <= len(head) <= limit and text.endswith("Action:") and "observation number" not in text
+    assert "put a hot apple in fridge." in text and "go to fridge 1, go to fridge 10" in text  # task, actions whole
+    assert "You arrive at the kitchen." in text and " ..." in text and "mug 59" not in text
     tiny = encode_prompt(tok, "score", obs(3).task, obs(3).text, ADMISSIBLE, history, 6, 2, 20)
     no_history = encode_prompt(tok, "score", obs(3).task, obs(3).text, ADMISSIBLE, [], 6, 2, None)
-    assert tiny == no_history[-20:] and tok.decode(tiny).endswith("Action:")  # history gone, then cut left
+    assert tiny == no_history[-20:] and tok.decode(tiny).endswith("Action:")  # not even the task fits: cut left
 
 
 def test_parse_and_project():

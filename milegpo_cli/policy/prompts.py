@@ -6,8 +6,10 @@ with the instruction to think in <think>...</think> and answer in <action>...</a
 ``score`` mode the candidates are scored as continuations of a compact prompt ending in
 "Action:", so the instruction is left out.
 
-Truncation to ``max_prompt_tokens``: oldest history pairs are dropped first (the task line is
-the most useful part of the prompt), then the token ids are cut from the left.
+Truncation to ``max_prompt_tokens``: oldest history pairs are dropped first; if the prompt is still
+too long, the current observation keeps its longest head that fits (cut at a token boundary and
+marked " ..."), so the task line and the admissible actions stay whole (a WebShop results page is
+longer than the whole budget); only if even that cannot fit are the token ids cut from the left.
 """
 from __future__ import annotations
 
@@ -73,8 +75,26 @@ def encode_prompt(tokenizer, mode: str, task: str, observation: str, admissible:
         if not max_prompt_tokens or len(ids) <= max_prompt_tokens:
             return ids
         if not pairs:
-            return ids[-max_prompt_tokens:]
+            render = lambda obs: build_prompt(mode, task, obs, admissible, [], steps_taken)  # noqa: E731
+            fitted = _fit_observation(tokenizer, render, observation.strip(), max_prompt_tokens)
+            return fitted if fitted is not None else ids[-max_prompt_tokens:]
         pairs = pairs[1:]
+
+
+def _fit_observation(tokenizer, render, observation: str, limit: int) -> list[int] | None:
+    """Token ids of ``render(head + " ...")`` for the longest head of ``observation`` (cut at one of
+    its token boundaries) that fits in ``limit`` tokens; None if not even an empty head fits."""
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False).input_ids
+
+    offsets = tokenizer(observation, add_special_tokens=False, return_offsets_mapping=True).offset_mapping
+    keep = min(len(offsets), limit - len(encode(render(" ..."))))
+    while keep > 0:
+        ids = encode(render(observation[:offsets[keep - 1][1]] + " ..."))
+        if len(ids) <= limit:
+            return ids
+        keep -= len(ids) - limit
+    return None
 
 
 def template_corpus() -> list[str]:

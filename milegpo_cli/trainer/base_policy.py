@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-BASE_VERSION = 2  # 2: trained under its own seed (BASE_SEED), whatever the caller's RNG state
+BASE_VERSION = 3  # 2: own seed (BASE_SEED); 3: prompts keep the task line when the observation is cut
 BASE_SEED = 0
 MARKER = "base.json"
 # environment settings that change how steps are computed, not the games or the observations
