@@ -5,7 +5,8 @@ simple launcher starts ONE process and leaves only MASTER_ADDR / MASTER_PORT beh
 silently train on one process. :func:`requested_cpu_processes` recognises that case from the
 environment and the launcher's own command line; :func:`relaunch` then re-executes the same command
 under ``torch.distributed.run`` with K local processes, which accelerate runs as MULTI_CPU (gloo).
-Standard library only: this runs before torch or accelerate is imported.
+It runs before any command: it reads only the environment unless accelerate's CPU flag is set,
+and imports accelerate only to parse the launcher's command line.
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ longer than the whole budget); only if even that cannot fit are the token ids cu
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Sequence
 
 GENERATE_TEMPLATE = (
@@ -75,7 +76,7 @@ def encode_prompt(tokenizer, mode: str, task: str, observation: str, admissible:
         if not max_prompt_tokens or len(ids) <= max_prompt_tokens:
             return ids
         if not pairs:
-            render = lambda obs: build_prompt(mode, task, obs, admissible, [], steps_taken)  # noqa: E731
+            render = partial(build_prompt, mode, task, admissible=admissible, history=[], steps_taken=steps_taken)
             fitted = _fit_observation(tokenizer, render, observation.strip(), max_prompt_tokens)
             return fitted if fitted is not None else ids[-max_prompt_tokens:]
         pairs = pairs[1:]
@@ -83,11 +84,15 @@ def encode_prompt(tokenizer, mode: str, task: str, observation: str, admissible:
 
 def _fit_observation(tokenizer, render, observation: str, limit: int) -> list[int] | None:
     """Token ids of ``render(head + " ...")`` for the longest head of ``observation`` (cut at one of
-    its token boundaries) that fits in ``limit`` tokens; None if not even an empty head fits."""
+    its token boundaries) that fits in ``limit`` tokens; None if not even an empty head fits, or if the
+    tokenizer gives no character offsets (a slow, Python tokenizer)."""
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False).input_ids
 
-    offsets = tokenizer(observation, add_special_tokens=False, return_offsets_mapping=True).offset_mapping
+    try:
+        offsets = tokenizer(observation, add_special_tokens=False, return_offsets_mapping=True).offset_mapping
+    except NotImplementedError:
+        return None
     keep = min(len(offsets), limit - len(encode(render(" ..."))))
     while keep > 0:
         ids = encode(render(observation[:offsets[keep - 1][1]] + " ..."))
