@@ -229,7 +229,10 @@ def main() -> None:
     for k, v in out.items():
         print(f"{k:>42}: {v}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    rows = list(csv.DictReader(open(RESULTS, newline=""))) if RESULTS.exists() else []
+    rows = []
+    if RESULTS.exists():
+        with open(RESULTS, newline="") as f:
+            rows = list(csv.DictReader(f))
     fields = list(dict.fromkeys([*(k for r in rows for k in r), *out]))  # older rows keep their columns
     with open(RESULTS, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)

@@ -128,6 +128,7 @@ def expert_walkthroughs(venv: VectorEnv, tasks: Sequence[Task], max_steps: int,
 
     steps: list[ExpertStep] = []
     won = 0
+    every = max(1, len(tasks) // 10)  # walkthroughs between progress lines
     for start in range(0, len(tasks), venv.num_envs):
         chunk = list(tasks[start:start + venv.num_envs])
         obs = venv.reset(chunk)
@@ -150,7 +151,7 @@ def expert_walkthroughs(venv: VectorEnv, tasks: Sequence[Task], max_steps: int,
                 obs[e] = res.observation
                 if res.done or res.error is not None:
                     live.discard(e)
-        done, every = start + len(chunk), max(1, len(tasks) // 10)
+        done = start + len(chunk)
         if log is not None and (done == len(tasks) or done // every != start // every):
             log(f"  expert walkthroughs {done}/{len(tasks)} ({won} won, {len(steps)} steps)")
     return steps, won
