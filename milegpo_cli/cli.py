@@ -222,16 +222,23 @@ def ablate(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, drop: DropOpt = 
                "--baseline", metavar="ALGO",
                help="Baseline algorithm trained as extra members (repeatable): grpo, gigpo, graphgpo [default: none].")] = None,
            parallel: Annotated[int, typer.Option("--parallel", min=1, metavar="N",
-                               help="Members trained at once, each in its own process.")] = 1) -> None:
+                               help="Members trained at once, each in its own process.")] = 1,
+           ablations: Annotated[bool, typer.Option(
+               "--ablations/--no-ablations",
+               help="Train the --drop ablations (default: every component); --no-ablations trains the full "
+                    "method (and --baseline members) only.")] = True) -> None:
     """Ablate MileGPO components over seeds, as one experiment.
 
     Trains the full method, each --drop ablation and each --baseline over seeds; rerun the same
     command to resume it.
     """
+    if drop and not ablations:
+        raise typer.BadParameter("--drop and --no-ablations exclude each other", param_hint="--drop")
     config = _config(recipe, sets, algo, None, model, iterations, None, db, mlflow_uri, runs_dir)
     _engine_data(config.store.root)
     run_ablate = _engine("milegpo_cli.experiments.ablate", "run_ablate")
-    run_ablate(config, _store(config.store.db, runs_dir), config.store.mlflow_uri, drop or [], seeds, console,
+    run_ablate(config, _store(config.store.db, runs_dir), config.store.mlflow_uri, (drop or None) if ablations else [],
+               seeds, console,
                algos=baselines or None, parallel=parallel)
 
 

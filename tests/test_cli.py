@@ -294,3 +294,10 @@ def test_ppo_config_error_is_a_user_error():
     from milegpo_cli.trainer.ppo import PPOConfigError
 
     assert issubclass(PPOConfigError, MilegpoError)
+
+
+def test_ablate_drop_and_no_ablations_exclude_each_other(tmp_path):
+    result = runner.invoke(app, ["ablate", "--drop", "traps", "--no-ablations", "--runs-dir", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "--drop and --no-ablations exclude each other" in result.output
+    assert not (tmp_path / "milegpo.db").exists()  # refused before anything is created

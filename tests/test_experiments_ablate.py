@@ -37,6 +37,7 @@ def test_members_spec():
     assert labels == ["milegpo s0", "milegpo s1", "milegpo -reliability s0", "milegpo -reliability s1",
                       "milegpo -progress s0", "milegpo -progress s1", "milegpo -same-state s0",
                       "milegpo -same-state s1", "grpo s0", "grpo s1"]
+    assert [m.label for m in members(config, [], 2, ["grpo"])] == ["milegpo s0", "milegpo s1", "grpo s0", "grpo s1"]
     with pytest.raises(ExperimentError, match="drop"):
         members(config, ["speed"], 1)
     with pytest.raises(ExperimentError, match="algos"):

@@ -75,23 +75,41 @@ def test_report_counts_means_and_intervals(store, experiment, tmp_path):
     # P(milegpo > gigpo) on ood: heat 6/9, pick 7/9, averaged over types
     assert mile["metrics"]["success"]["poi_ood"]["value"] == pytest.approx(13 / 18)
     assert rep.data["methods"]["gigpo"]["metrics"]["success"]["poi_ood"] is None  # the baseline itself
-    main, extra, per_type = rep.tables
+    main, extra, per_type, curve, area = rep.tables
     row = next(r for r in main.rows if r[0] == "milegpo")
     assert row[1] == "3" and row[2] == "4, 4" and row[3].startswith("75.0 ± 25.0 [")
     assert "mean ± std over seeds" in main.title and "pooled over task types" in main.title
     assert next(r for r in extra.rows if r[0] == "milegpo")[1].startswith("0.72 [")
     assert len(per_type.rows) == 2 * 2  # methods x task types
+    # learning curves: iterations 0 and 2, with the steps trained by then (100 per iteration)
+    assert [(r[0], r[1], r[2]) for r in curve.rows] == [("gigpo", "0", "0"), ("gigpo", "2", "200"),
+                                                       ("milegpo", "0", "0"), ("milegpo", "2", "200")]
+    pts = mile["curves"]["id"]["success"]
+    assert [p["mean"]["value"] for p in pts] == pytest.approx([0.0, 0.75])
+    # area over iterations 0..2 = (0 + final) / 2: milegpo .5, .375, .25; gigpo .25, .375, .125
+    a = mile["area"]["success"]
+    assert a["id"]["mean"]["value"] == pytest.approx(0.375)
+    vs = a["vs_baseline"]
+    assert vs["poi"]["value"] == pytest.approx(7 / 9)  # .5 beats 3, .375 beats 2 ties 1, .25 beats 1 ties 1
+    assert vs["paired_seeds"] == [0, 1, 2] and vs["difference"]["mean"]["value"] == pytest.approx(0.125)
+    t = 4.302652729911275 + 1.0606601717798212  # t_{.975, 2} + t_{.8, 2}
+    assert vs["mde"] == pytest.approx(t * np.std([0.25, 0.0, 0.125], ddof=1) / np.sqrt(3))
+    assert a["final_vs_baseline"]["difference"]["mean"]["value"] == pytest.approx(0.75 - 0.5)
+    assert rep.data["methods"]["gigpo"]["area"]["success"]["vs_baseline"] is None
+    row = next(r for r in area.rows if r[0] == "milegpo")
+    assert row[:5] == ["milegpo", "success", "3", row[3], "0.78 [" + row[4][6:]] and row[3].startswith("37.5 ± 12.5 [")
+    assert row[-1] == "-"  # no training steps stored: no credit AUC
     # renderers
     assert json.loads(R.render(rep, "json"))["methods"]["milegpo"]["seeds"] == [0, 1, 2]
     rows = list(csv.reader(io.StringIO(R.render(rep, "csv"))))
-    assert rows[1] == main.columns and len([r for r in rows if r and r[0] == "milegpo"]) == 1 + 1 + 2
+    assert rows[1] == main.columns and len([r for r in rows if r and r[0] == "milegpo"]) == 1 + 1 + 2 + 2 + 1
     assert "| milegpo | 3 | 4, 4 |" in R.render(rep, "md")
     assert "<table" in R.render(rep, "html")
     with pytest.raises(R.ExperimentError, match="format"):
         R.render(rep, "xls")
     # plots
     paths = R.plot_report(rep, tmp_path / "plots")
-    assert len(paths) == 2
+    assert len(paths) == 4  # learning curves and interval bars, id and ood
     for p in paths:
         assert is_png(p) and mpimg.imread(p).shape[2] in (3, 4)
 
@@ -132,6 +150,7 @@ def test_report_headline_is_the_pooled_success_runs_show_prints(store):
     eps += [EpisodeRecord(task_id=f"id/pick/{i}", split="id", task_type="pick", group="e", index=0,
                           outcome=0.0, success=False, length=5) for i in range(3)]
     store.record_evaluation(rid, "id", {}, eps, iteration=1)
+    store.set_status(rid, "finished")
     shown = show_doc(store, rid)["evaluations"][0]["success_rate"]
     rep = R.build_report(store)
     s_id = rep.data["methods"]["gigpo"]["metrics"]["success"]["id"]
@@ -141,3 +160,24 @@ def test_report_headline_is_the_pooled_success_runs_show_prints(store):
     assert row[:4] == ["gigpo", "1", "4, -", "25.0"]  # one seed: no spread over seeds, no interval over seeds
     per_type = {r[1]: r for r in rep.tables[2].rows}
     assert per_type["heat"][4] == "1, -" and per_type["pick"][4] == "3, -"
+
+
+def test_report_leaves_unfinished_runs_out(store, experiment):
+    """A member still training (its last evaluation is not its final one) is counted, not reported."""
+    rid = store.create_run("milegpo-s3", algo="milegpo", seed=3, experiment_id=experiment,
+                           config={"env": {"name": "alfworld"}})
+    store.record_iteration(rid, 1, {"steps": 100.0})
+    store.record_evaluation(rid, "id", {}, episodes("id", {"heat": 1.0, "pick": 1.0}), iteration=0)
+    rep = R.build_report(store, experiment)
+    assert rep.data["left_out"] == [rid] and rep.data["methods"]["milegpo"]["seeds"] == [0, 1, 2]
+
+
+def test_report_labels_a_milegpo_formulation(store, experiment):
+    """MileGPO runs of another credit.formulation are their own method, not merged into milegpo."""
+    rid = store.create_run("paper-s0", algo="milegpo", seed=0, experiment_id=experiment,
+                           config={"env": {"name": "alfworld"}, "credit": {"formulation": "paper"}})
+    store.record_iteration(rid, 1, {"steps": 100.0})
+    store.record_evaluation(rid, "id", {}, episodes("id", {"heat": 1.0, "pick": 1.0}), iteration=1)
+    store.set_status(rid, "finished")
+    assert set(R.build_report(store, experiment).data["methods"]) == {"gigpo", "milegpo", "milegpo (paper)"}
+    assert set(R.build_report(store, experiment, by="drop").data["methods"]) == {"full", "full (paper)"}

@@ -40,12 +40,13 @@ class Member:
 
 
 def members(config: Config, drops: Sequence[str] | None, seeds: int, algos: Sequence[str] | None = None) -> list[Member]:
-    """Full method + each single ablation (+ baselines) x seeds 0..seeds-1."""
+    """Full method + each single ablation (``drops`` None: every component; []: none) (+ baselines)
+    x seeds 0..seeds-1."""
     if seeds < 1:
         raise ExperimentError(f"seeds: must be >= 1, got {seeds}")
     base = tuple(sorted(config.credit.drop))
     try:
-        ablations = [sorted(canonical_drop(d)) for d in (drops or DEFAULT_ABLATIONS)]
+        ablations = [sorted(canonical_drop(d)) for d in (DEFAULT_ABLATIONS if drops is None else drops)]
     except ValueError as err:
         raise ExperimentError(str(err)) from None
     bad = [a for a in (algos or ()) if a not in BASELINES + ("milegpo",)]
@@ -127,7 +128,8 @@ def run_ablate(config: Config, store, tracker_uri: str | None, drops: Sequence[s
     tracker = Tracker(tracker_uri) if tracker_uri else None
     parent = exp.get("mlflow_run_id")
     if tracker is not None and not parent:
-        parent = tracker.start_run(name, params={"ablate": {"drops": list(drops or DEFAULT_ABLATIONS), "seeds": seeds,
+        ablated = list(DEFAULT_ABLATIONS if drops is None else drops)
+        parent = tracker.start_run(name, params={"ablate": {"drops": ablated, "seeds": seeds,
                                                             "algos": list(algos or ()), "recipe": config.recipe}},
                                    tags={"milegpo.experiment_id": exp_id})
         store.set_experiment_mlflow_run_id(exp_id, parent)

@@ -19,7 +19,7 @@ from rich.table import Table as RichTable
 from milegpo_cli.credit import CreditConfig, Rollout, RolloutBatch
 from milegpo_cli.experiments import plots
 from milegpo_cli.experiments.diagnostics import (
-    N_RESAMPLES, compare_estimators, diagnose_credit, entered_keys, estimator_variants, milestone_match)
+    N_RESAMPLES, compare_estimators, diagnose_credit, entered_keys, estimator_variants, milestone_match, roc_auc)
 from milegpo_cli.experiments.runs import ExperimentError, dumps
 
 FORMATS = ("table", "json")
@@ -49,6 +49,16 @@ def stored_rollouts(store, run_id: int, iteration: int | None = None) -> dict:
         advantage += [s["advantage"] for s in steps]
     return {"rollouts": rollouts, "oracle_good": good, "subgoals": subgoals,
             "advantage": np.asarray(advantage, dtype=float), "task_of": task_of}
+
+
+def trained_credit_auc(store, run_id: int) -> float | None:
+    """ROC-AUC of the advantages a run trained with against its training steps' oracle labels
+    (None: no step of one of the two labels)."""
+    data = stored_rollouts(store, run_id)
+    known = np.array([g is not None for g in data["oracle_good"]], dtype=bool)
+    good = np.array([bool(g) for g in data["oracle_good"]], dtype=bool)
+    auc = roc_auc(data["advantage"][known], good[known]) if known.any() else float("nan")
+    return None if np.isnan(auc) else auc
 
 
 def group_graph(rollouts: list[Rollout], group: str) -> nx.MultiDiGraph:

@@ -61,6 +61,25 @@ def learning_curves(
     return _save(fig, path)
 
 
+def interval_curves(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float], Sequence[float]]],
+    path: str | Path, *, title: str = "", xlabel: str = "", ylabel: str = "",
+) -> Path:
+    """One line per label through (x, mean) with its 95% interval (low, high) as a band."""
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.add_subplot()
+    for label, (x, mean, low, high) in series.items():
+        line, = ax.plot(x, mean, marker="o", markersize=3, label=label)
+        ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def interval_bars(
     labels: Sequence[str], values: Sequence[float], lows: Sequence[float], highs: Sequence[float],
     path: str | Path, *, title: str = "", ylabel: str = "",

@@ -15,12 +15,14 @@ import html
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
+import numpy as np
 from rich import box
 from rich.table import Table as RichTable
 
-from milegpo_cli.experiments import plots, stats
+from milegpo_cli.experiments import curves, plots, stats
+from milegpo_cli.experiments.diagnose import trained_credit_auc
 from milegpo_cli.experiments.runs import ALL, ExperimentError, RunData, dumps, experiment_runs, load_run
 
 BY = ("algo", "drop")
@@ -48,7 +50,7 @@ class Report:
 
 def method_label(run: RunData, by: str) -> str:
     if by == "drop":
-        return "full" if not run.drop else " ".join(f"-{d}" for d in sorted(run.drop))
+        return ("full" if not run.drop else " ".join(f"-{d}" for d in sorted(run.drop))) + run.variant
     return run.method
 
 
@@ -120,17 +122,94 @@ def _poi(x: dict[str, dict[int, float]], y: dict[str, dict[int, float]], seed: i
         [list(x[t].values()) for t in common], [list(y[t].values()) for t in common], seed=seed)
 
 
+def _by_seed(runs: Sequence[RunData], value) -> dict[int, float]:
+    """seed -> value(run) for the runs where it is defined."""
+    return {r.seed: v for r in runs if (v := value(r)) is not None}
+
+
+def _versus(x: dict[int, float], y: dict[int, float], seed: int) -> dict:
+    """x against baseline y over seeds: P(X > Y), the difference paired by seed and its MDE."""
+    common = sorted(set(x) & set(y))
+    diffs = [x[k] - y[k] for k in common]
+    return {"poi": stats.probability_of_improvement([list(x.values())], [list(y.values())], seed=seed).to_dict()
+            if x and y else None,
+            "paired_seeds": common,
+            "difference": stats.summarize(diffs, seed=seed).to_dict() if diffs else None,
+            "mde": stats.minimum_detectable_difference(diffs) if len(diffs) > 1 else None}
+
+
+def _fmt_dict(e: dict | None, scale: float = 100.0, digits: int = 1) -> str:
+    return "-" if e is None else f"{e['value'] * scale:.{digits}f} [{e['low'] * scale:.{digits}f}, {e['high'] * scale:.{digits}f}]"
+
+
+def _curve_and_area_tables(groups: dict[str, list[RunData]], data: dict, metrics: Sequence[str], baseline: str | None,
+                           credit: Mapping[int, float], title: str, seed: int) -> list[Table]:
+    """Learning curves (mean [CI] per evaluated iteration) and the area under the id curve against
+    the baseline, with the power of the comparison; fills ``data["methods"][m]["curves" / "area"]``."""
+    curve_rows, area_rows = [], []
+    areas = {m: {met: _by_seed(rs, lambda r, met=met: curves.area(r, "id", met)) for met in metrics}
+             for m, rs in groups.items()}
+    finals = {m: {met: _by_seed(rs, lambda r, met=met: getattr(r.final("id"), met, None)) for met in metrics}
+              for m, rs in groups.items()}
+    for m, rs in groups.items():
+        d = data["methods"][m]
+        pts = {(s, met): {p.iteration: p for p in curves.common_curve(rs, s, met, seed)} for s in SPLITS for met in metrics}
+        d["curves"] = {s: {met: [p.to_dict() for p in pts[s, met].values()] for met in metrics} for s in SPLITS}
+        for it, p in pts["id", metrics[0]].items():
+            curve_rows.append([m, str(it), f"{p.steps:.0f}"]
+                              + [_fmt_summary(q.summary, spread=False) if (q := pts[s, met].get(it)) else "-"
+                                 for met in metrics for s in SPLITS])
+        cr = _by_seed(rs, lambda r: credit.get(r.run_id))
+        d["credit_auc"] = stats.summarize(list(cr.values()), seed=seed).to_dict() if cr else None
+        d["area"] = {}
+        for met in metrics:
+            a = areas[m][met]
+            vs = (_versus(a, areas[baseline][met], seed), _versus(finals[m][met], finals[baseline][met], seed)) \
+                if baseline and m != baseline else (None, None)
+            d["area"][met] = {"id": stats.summarize(list(a.values()), seed=seed).to_dict() if a else None,
+                              "vs_baseline": vs[0], "final_vs_baseline": vs[1]}
+            summ = _summary({ALL: a}, seed) if a else None
+            row = [m, met, str(len(a)), _fmt_summary(summ)]
+            if baseline:
+                row += ["-" if vs[0] is None else _fmt_dict(vs[0]["poi"], 1.0, 2),
+                        "-" if vs[0] is None else _fmt_dict(vs[0]["difference"] and vs[0]["difference"]["mean"]),
+                        "-" if vs[0] is None or vs[0]["mde"] is None else f"{100 * vs[0]['mde']:.1f}",
+                        "-" if vs[1] is None else _fmt_dict(vs[1]["difference"] and vs[1]["difference"]["mean"]),
+                        "-" if vs[1] is None or vs[1]["mde"] is None else f"{100 * vs[1]['mde']:.1f}"]
+            row.append(_fmt_dict(d["credit_auc"] and d["credit_auc"]["mean"], 1.0, 3))
+            area_rows.append(row)
+    curve_cols = ["method", "iteration", "steps"] + [f"{met} {s}" for met in metrics for s in SPLITS]
+    area_cols = ["method", "metric", "seeds", "AUC id"]
+    if baseline:
+        area_cols += [f"P(AUC id > {baseline})", f"AUC id - {baseline}", "MDE AUC", f"final id - {baseline}", "MDE final"]
+    area_cols.append("credit AUC")
+    return [Table(f"{title}: learning curves, % at each evaluated iteration (0: the starting policy); mean [95% CI] "
+                  "over seeds; steps: mean environment steps trained by then", curve_cols, curve_rows),
+            Table(f"{title}: area under the id learning curve over iterations (its mean height, %), mean ± std [95% CI] "
+                  "over seeds" + (f"; against {baseline}: probability of improvement over seeds, and differences "
+                                  "paired by seed with the minimum detectable difference MDE (80% power, 5% level, "
+                                  "from the observed spread)" if baseline else "")
+                  + "; credit AUC: ROC-AUC of the trained advantages against the oracle labels, mean [95% CI] over seeds",
+                  area_cols, area_rows)]
+
+
 def report_from_runs(
-    runs: Sequence[RunData], *, by: str = "algo", baseline: str | None = None, title: str = "report", seed: int = 0
+    runs: Sequence[RunData], *, by: str = "algo", baseline: str | None = None, title: str = "report", seed: int = 0,
+    credit: Mapping[int, float] | None = None,
 ) -> Report:
-    """Build the tables from plain run views (pure; ``build_report`` loads them from the store)."""
+    """Build the tables from plain run views (pure; ``build_report`` loads them from the store).
+
+    ``credit``: run id -> credit ROC-AUC of its trained advantages (runs without one show "-").
+    """
     if by not in BY:
         raise ExperimentError(f"by: must be one of {', '.join(BY)}, got {by!r}")
     if by == "drop":
         runs = [r for r in runs if r.algo == "milegpo"]
-    runs = [r for r in runs if r.evals]
+    left_out = [r.run_id for r in runs if r.status != "finished"]
+    runs = [r for r in runs if r.evals and r.status == "finished"]
     if not runs:
-        raise ExperimentError("report: no evaluated runs to report on" + (" (by=drop needs milegpo runs)" if by == "drop" else ""))
+        raise ExperimentError("report: no finished evaluated runs to report on"
+                              + (" (by=drop needs milegpo runs)" if by == "drop" else ""))
     groups: dict[str, list[RunData]] = {}
     for r in sorted(runs, key=lambda r: (r.algo, r.drop, r.seed, r.run_id)):
         groups.setdefault(method_label(r, by), []).append(r)
@@ -142,7 +221,8 @@ def report_from_runs(
     metrics = ("success", "score") if "webshop" in envs else ("success",)
     types = sorted({t for r in runs for s in SPLITS for t in r.task_types(s)})
 
-    data: dict = {"title": title, "by": by, "baseline": baseline, "metrics": list(metrics), "methods": {}}
+    data: dict = {"title": title, "by": by, "baseline": baseline, "metrics": list(metrics), "methods": {},
+                  "left_out": left_out}
     strata = {m: {(split, met): _strata(rs, split, met, types) for split in SPLITS for met in metrics}
               for m, rs in groups.items()}
     main_cols = ["method", "seeds", "episodes"]
@@ -203,14 +283,23 @@ def report_from_runs(
                             "episodes per seed (id, ood)",
                             ["method", "task type", "metric", "seeds", "episodes", "id", "ood", "gap"],
                             type_rows))
+    tables += _curve_and_area_tables(groups, data, metrics, baseline, credit or {}, title, seed)
     return Report(title=title, by=by, baseline=baseline, metrics=metrics, data=data, tables=tables)
 
 
 def plot_report(report: Report, out_dir: str | Path) -> list[Path]:
-    """Interval bars of each metric on each split (PNG), recorded in ``report.plots``."""
+    """Interval bars of each metric on each split and its learning curves against environment steps
+    with 95% bands (PNG), recorded in ``report.plots``."""
     out = []
     for met in report.metrics:
         for split in SPLITS:
+            series = {m: tuple(np.array([(p["steps"], p["mean"]["value"], p["mean"]["low"], p["mean"]["high"])
+                                         for p in pts]).T)
+                      for m, d in report.data["methods"].items() if (pts := d["curves"][split][met])}
+            if series:
+                out.append(plots.interval_curves(series, Path(out_dir) / f"report_curve_{met}_{split}.png",
+                                                 title=f"{report.title}: {met} on {split} (95% CI over seeds)",
+                                                 xlabel="environment steps trained", ylabel=met))
             rows = [(m, d["metrics"][met][split]["mean"]) for m, d in report.data["methods"].items()
                     if d["metrics"][met][split]]
             if not rows:
@@ -275,7 +364,9 @@ def build_report(store, experiment: int | str | None = None, by: str = "algo", b
     else:
         exp, runs = experiment_runs(store, experiment)
         title = f"experiment {exp['id']} ({exp['name']})"
-    report = report_from_runs(runs, by=by, baseline=baseline, title=title)
+    credit = {r.run_id: auc for r in runs if r.status == "finished"
+              and (auc := trained_credit_auc(store, r.run_id)) is not None}
+    report = report_from_runs(runs, by=by, baseline=baseline, title=title, credit=credit)
     report.data["root"] = runs[0].root
     report.data["experiment"] = None if exp is None else {"id": exp["id"], "name": exp["name"],
                                                           "mlflow_run_id": exp["mlflow_run_id"]}

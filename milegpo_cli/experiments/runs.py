@@ -16,10 +16,12 @@ import numpy as np
 from rich import box
 from rich.table import Table
 
+from milegpo_cli.credit import CreditConfig
 from milegpo_cli.errors import MilegpoError, RunNotFound
 from milegpo_cli.intervals import wilson_interval
 
 ALL = "all"  # task_type of a whole-split evaluation
+DEFAULT_FORMULATION = CreditConfig().formulation
 
 
 def json_safe(o):
@@ -73,11 +75,17 @@ class RunData:
     evals: tuple[EvalResult, ...] = ()
     curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # metric -> (iteration, value)
     root: str = "runs"  # the run's output folder (config store.root), for default plot folders
+    formulation: str = DEFAULT_FORMULATION  # MileGPO's credit.formulation
+
+    @property
+    def variant(self) -> str:
+        """`` (<formulation>)`` for a MileGPO run of a formulation other than the default, else ``""``."""
+        return f" ({self.formulation})" if self.algo == "milegpo" and self.formulation != DEFAULT_FORMULATION else ""
 
     @property
     def method(self) -> str:
-        """algo, with its ablated components (e.g. ``milegpo -reliability``)."""
-        return self.algo + "".join(f" -{d}" for d in sorted(self.drop))
+        """algo, with its formulation and ablated components (e.g. ``milegpo -reliability``, ``milegpo (paper)``)."""
+        return self.algo + self.variant + "".join(f" -{d}" for d in sorted(self.drop))
 
     def final(self, split: str, task_type: str = ALL) -> EvalResult | None:
         """The evaluation at the last evaluated iteration."""
@@ -121,6 +129,12 @@ def _evals(store, run_id: int, last_iteration: int) -> list[EvalResult]:
     return out
 
 
+def _formulation(config: dict) -> str:
+    """The stored config's credit.formulation (the old name "ours" read as "v2")."""
+    f = (config.get("credit") or {}).get("formulation") or DEFAULT_FORMULATION
+    return "v2" if f == "ours" else f
+
+
 def load_run(store, ref: int | str) -> RunData:
     """A run of the store as RunData; raises the store's RunNotFound for an unknown id or name."""
     run = store.get_run(ref)
@@ -143,6 +157,7 @@ def load_run(store, ref: int | str) -> RunData:
         experiment=None if run["experiment_id"] is None else str(run["experiment_id"]),
         steps=int(steps), wall_s=wall, evals=tuple(_evals(store, run["id"], last)), curves=curves,
         root=(config.get("store") or {}).get("root") or "runs",
+        formulation=_formulation(config),
     )
 
 

@@ -9,6 +9,9 @@ independently (``scipy.stats.bootstrap`` with ``paired=False`` does exactly this
 - mean, std (ddof=1), interquartile mean IQM = ``scipy.stats.trim_mean(x, 0.25)`` of pooled values;
 - probability of improvement P(X > Y) = 1/M sum_m (1/(N K)) sum_ij [x_mi > y_mj] + 0.5 [x_mi = y_mj];
 - ID-to-OOD gap = mean of paired differences id - ood (same seed, same stratum);
+- normalised area under a learning curve AUC = 1/(x_K - x_0) sum_k (x_k - x_{k-1}) (y_k + y_{k-1}) / 2;
+- minimum detectable difference of a paired comparison of n seeds with differences of std s:
+  MDE = (t_{1-alpha/2, n-1} + t_{power, n-1}) s / sqrt(n) (two-sided test at level alpha);
 - Wilson score interval of one evaluation's success rate (episodes of one run).
 """
 from __future__ import annotations
@@ -145,3 +148,27 @@ def gap(id_strata, ood_strata, **kw) -> Summary:
     if len(ids) != len(oods) or any(a.shape != b.shape for a, b in zip(ids, oods)):
         raise StatsError("gap: id and ood scores must pair up (same strata, same seeds)")
     return summarize([a - b for a, b in zip(ids, oods)], **kw)
+
+
+def normalised_area(x: Sequence[float], y: Sequence[float]) -> float:
+    """Area under the curve y(x) by the trapezoid rule over its span: the curve's mean height."""
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if xs.ndim != 1 or xs.shape != ys.shape or xs.size < 1:
+        raise StatsError(f"normalised_area: need matching 1-D x and y, got {xs.shape} and {ys.shape}")
+    if np.any(np.diff(xs) <= 0):
+        raise StatsError("normalised_area: x must increase")
+    if xs.size == 1:
+        return float(ys[0])
+    return float(np.sum(np.diff(xs) * (ys[1:] + ys[:-1]) / 2) / (xs[-1] - xs[0]))
+
+
+def minimum_detectable_difference(differences: Sequence[float], *, alpha: float = 0.05, power: float = 0.8) -> float:
+    """MDE = (t_{1-alpha/2, n-1} + t_{power, n-1}) s / sqrt(n) of paired differences (std s, n pairs):
+    the smallest true mean difference a two-sided paired t-test at level ``alpha`` detects with
+    probability ``power`` when the differences vary as observed."""
+    d = np.asarray(differences, dtype=float)
+    if d.ndim != 1 or d.size < 2 or not np.all(np.isfinite(d)):
+        raise StatsError(f"minimum_detectable_difference: need >= 2 finite paired differences, got {d.size}")
+    n = d.size
+    t = stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)
+    return float(t * d.std(ddof=1) / np.sqrt(n))
