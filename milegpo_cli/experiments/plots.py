@@ -22,6 +22,17 @@ def _save(fig: Figure, path: str | Path) -> Path:
     return path
 
 
+def _finish(fig: Figure, ax, path: str | Path, title: str, xlabel: str, ylabel: str, legend_size: int) -> Path:
+    """Labels, title, grid and legend of a line plot, then save it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+    return _save(fig, path)
+
+
 def learning_curves(
     curves: Mapping[str, Sequence[tuple[Sequence[float], Sequence[float]]]],
     path: str | Path,
@@ -52,13 +63,7 @@ def learning_curves(
         if len(seeds) > 1:
             std = ys.std(axis=0, ddof=1)
             ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.2)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _finish(fig, ax, path, title, xlabel, ylabel, legend_size=8)
 
 
 def interval_curves(
@@ -71,13 +76,7 @@ def interval_curves(
     for label, (x, mean, low, high) in series.items():
         line, = ax.plot(x, mean, marker="o", markersize=3, label=label)
         ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return _save(fig, path)
+    return _finish(fig, ax, path, title, xlabel, ylabel, legend_size=7)
 
 
 def interval_bars(
