@@ -141,6 +141,29 @@ def test_update_metrics_and_skip_on_nan(cache, accelerator):
         updater.update(samples, np.ones(3))
 
 
+def test_no_advantage_signal_takes_no_step(cache, accelerator):
+    """All-zero advantages: the entropy bonus alone would move the weights at Adam's full step;
+    the update is skipped, the lr schedule advances, and it is not a failed update. With a KL
+    term the same batch still updates (the pull toward the reference is signal)."""
+    policy = policy_of(cache)
+    samples = rollout(policy)
+    cfg = dict(PPO, entropy_coef=0.01, lr_schedule="linear")
+    updater = PPOUpdater(policy, cfg, accelerator, total_updates=4)
+    weights = [p.detach().clone() for p in policy.model.parameters()]
+    lr = updater.scheduler.get_last_lr()[0]
+    m = updater.update(samples, np.zeros(len(samples)))
+    assert m["optimizer_steps"] == 0 and m["no_signal"] == 1.0 and m["skipped"] is False
+    assert m["adv_zero_share"] == 1.0 and "advantage signal" in m["skipped_reason"]
+    assert all(torch.equal(w, p) for w, p in zip(weights, policy.model.parameters()))
+    assert updater.updates == 1 and updater.scheduler.get_last_lr()[0] < lr
+    # one nonzero advantage is signal: the update steps
+    adv = np.zeros(len(samples))
+    adv[0] = 1.0
+    assert updater.update(samples, adv)["optimizer_steps"] > 0
+    kl = PPOUpdater(policy, dict(cfg, kl_coef=0.1), accelerator, total_updates=4)
+    assert kl.update(samples, np.zeros(len(samples)))["optimizer_steps"] > 0
+
+
 def test_state_dict_round_trip(cache, accelerator):
     policy = policy_of(cache)
     samples = rollout(policy)

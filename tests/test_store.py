@@ -61,6 +61,9 @@ def test_run_round_trip(store):
     store.set_mlflow_run_id(rid, "f00")
     assert store.get_run("r1")["status"] == "running"
     assert store.get_run(str(rid))["mlflow_run_id"] == "f00"
+    assert run["git_commit"] == "abc"
+    store.set_git_commit(rid, "def")  # a registered run that starts training later records its own commit
+    assert store.get_run(rid)["git_commit"] == "def"
     with pytest.raises(StoreError, match="status: unknown 'weird'"):
         store.set_status(rid, "weird")
 

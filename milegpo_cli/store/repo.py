@@ -241,6 +241,9 @@ class RunStore:
             raise StoreError(f"status: unknown {status!r} (allowed: {', '.join(RUN_STATUSES)})")
         self._write(lambda s: setattr(self._run(s, run_id), "status", status))
 
+    def set_git_commit(self, run_id: int, git_commit: str | None) -> None:
+        self._write(lambda s: setattr(self._run(s, run_id), "git_commit", git_commit))
+
     def set_mlflow_run_id(self, run_id: int, mlflow_run_id: str) -> None:
         self._write(lambda s: setattr(self._run(s, run_id), "mlflow_run_id", mlflow_run_id))
 

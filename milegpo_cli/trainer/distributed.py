@@ -100,6 +100,14 @@ def sync_gradients(params: Sequence[torch.Tensor], ok: bool, stop: bool, acceler
     return flags[0] == 0.0, flags[1] > 0.0
 
 
+def any_rank(flag: bool, accelerator) -> bool:
+    """``flag`` or'ed over ranks (one gather; one process: ``flag``), so that all ranks take the
+    same branch before a collective such as :func:`sync_gradients`."""
+    if accelerator.num_processes == 1:
+        return flag
+    return bool(accelerator.gather(torch.tensor([float(flag)], device=accelerator.device)).sum().item() > 0)
+
+
 def weights_checksum(model) -> str:
     """SHA-256 of the trainable parameters (name order), exact bytes."""
     h = hashlib.sha256()

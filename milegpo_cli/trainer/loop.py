@@ -373,6 +373,8 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
     if resume_run is not None:
         if main:
             store.delete_after(run_id, ckpt.iteration if ckpt else -1)
+            if ckpt is None:  # a registered run (ablate) starts now: it trains wholly under this commit
+                store.set_git_commit(run_id, _git_commit())
     else:
         run_id = broadcast_object(store.create_run(
             name=run_name(config), algo=config.run.algo, seed=config.run.seed, recipe=config.recipe,
@@ -426,7 +428,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
                 probes = probe.measure(policy)
                 for split, values in probes.items():
                     res.metrics.update({f"{k}_{split}": v for k, v in values.items()})
-                bad = bad + 1 if res.metrics.get("optimizer_steps", 1) == 0 else 0
+                bad = bad + 1 if res.metrics.get("optimizer_steps", 1) == 0 and not res.metrics.get("no_signal") else 0
                 if bad:
                     console.print(f"[yellow]iteration {it}: update skipped ({res.metrics.get('skipped_reason', '?')}); "
                                   f"{bad} in a row, training stops at {config.ppo.max_bad_updates}[/yellow]")
