@@ -91,6 +91,9 @@ def test_report_counts_means_and_intervals(store, experiment, tmp_path):
     assert a["id"]["mean"]["value"] == pytest.approx(0.375)
     vs = a["vs_baseline"]
     assert vs["poi"]["value"] == pytest.approx(7 / 9)  # .5 beats 3, .375 beats 2 ties 1, .25 beats 1 ties 1
+    from scipy import stats as sst
+
+    assert vs["poi_p"] == pytest.approx(sst.mannwhitneyu([0.5, 0.375, 0.25], [0.25, 0.375, 0.125]).pvalue)
     assert vs["paired_seeds"] == [0, 1, 2] and vs["difference"]["mean"]["value"] == pytest.approx(0.125)
     t = 4.302652729911275 + 1.0606601717798212  # t_{.975, 2} + t_{.8, 2}
     assert vs["mde"] == pytest.approx(t * np.std([0.25, 0.0, 0.125], ddof=1) / np.sqrt(3))
@@ -98,6 +101,7 @@ def test_report_counts_means_and_intervals(store, experiment, tmp_path):
     assert rep.data["methods"]["gigpo"]["area"]["success"]["vs_baseline"] is None
     row = next(r for r in area.rows if r[0] == "milegpo")
     assert row[:5] == ["milegpo", "success", "3", row[3], "0.78 [" + row[4][6:]] and row[3].startswith("37.5 ± 12.5 [")
+    assert row[5] == f"{vs['poi_p']:.3f}"
     assert row[-1] == "-"  # no training steps stored: no credit AUC
     # renderers
     assert json.loads(R.render(rep, "json"))["methods"]["milegpo"]["seeds"] == [0, 1, 2]

@@ -112,3 +112,15 @@ def test_minimum_detectable_difference_matches_a_simulated_paired_t_test():
     assert 0.72 < rejected.mean() < 0.85  # the noncentral t makes the t + t rule approximate
     with pytest.raises(S.StatsError, match=">= 2"):
         S.minimum_detectable_difference([0.1])
+
+
+def test_improvement_p_value_is_exact_under_complete_separation():
+    """5 vs 5 seeds, every x above every y: the percentile interval of P(X > Y) is [1, 1], the exact
+    two-sided Mann-Whitney p is 2 / C(10, 5) = 2/252."""
+    x, y = [0.30, 0.31, 0.32, 0.33, 0.34], [0.10, 0.11, 0.12, 0.13, 0.14]
+    p = S.probability_of_improvement([x], [y], n_resamples=300)
+    assert (p.value, p.low, p.high) == (1.0, 1.0, 1.0)
+    assert S.improvement_p_value(x, y) == pytest.approx(2 / 252)
+    assert S.improvement_p_value(x, x) == pytest.approx(1.0)
+    with pytest.raises(S.StatsError, match="each side"):
+        S.improvement_p_value([], y)

@@ -133,6 +133,7 @@ def _versus(x: dict[int, float], y: dict[int, float], seed: int) -> dict:
     diffs = [x[k] - y[k] for k in common]
     return {"poi": stats.probability_of_improvement([list(x.values())], [list(y.values())], seed=seed).to_dict()
             if x and y else None,
+            "poi_p": stats.improvement_p_value(list(x.values()), list(y.values())) if x and y else None,
             "paired_seeds": common,
             "difference": stats.summarize(diffs, seed=seed).to_dict() if diffs else None,
             "mde": stats.minimum_detectable_difference(diffs) if len(diffs) > 1 else None}
@@ -172,6 +173,7 @@ def _curve_and_area_tables(groups: dict[str, list[RunData]], data: dict, metrics
             row = [m, met, str(len(a)), _fmt_summary(summ)]
             if baseline:
                 row += ["-" if vs[0] is None else _fmt_dict(vs[0]["poi"], 1.0, 2),
+                        "-" if vs[0] is None or vs[0]["poi_p"] is None else f"{vs[0]['poi_p']:.3f}",
                         "-" if vs[0] is None else _fmt_dict(vs[0]["difference"] and vs[0]["difference"]["mean"]),
                         "-" if vs[0] is None or vs[0]["mde"] is None else f"{100 * vs[0]['mde']:.1f}",
                         "-" if vs[1] is None else _fmt_dict(vs[1]["difference"] and vs[1]["difference"]["mean"]),
@@ -181,12 +183,14 @@ def _curve_and_area_tables(groups: dict[str, list[RunData]], data: dict, metrics
     curve_cols = ["method", "iteration", "steps"] + [f"{met} {s}" for met in metrics for s in SPLITS]
     area_cols = ["method", "metric", "seeds", "AUC id"]
     if baseline:
-        area_cols += [f"P(AUC id > {baseline})", f"AUC id - {baseline}", "MDE AUC", f"final id - {baseline}", "MDE final"]
+        area_cols += [f"P(AUC id > {baseline})", "p (Mann-Whitney)", f"AUC id - {baseline}", "MDE AUC",
+                      f"final id - {baseline}", "MDE final"]
     area_cols.append("credit AUC")
     return [Table(f"{title}: learning curves, % at each evaluated iteration (0: the starting policy); mean [95% CI] "
                   "over seeds; steps: mean environment steps trained by then", curve_cols, curve_rows),
             Table(f"{title}: area under the id learning curve over iterations (its mean height, %), mean ± std [95% CI] "
-                  "over seeds" + (f"; against {baseline}: probability of improvement over seeds, and differences "
+                  "over seeds" + (f"; against {baseline}: probability of improvement over seeds with the two-sided Mann-Whitney p of "
+                                  "P = 0.5, and differences "
                                   "paired by seed with the minimum detectable difference MDE (80% power, 5% level, "
                                   "from the observed spread)" if baseline else "")
                   + "; credit AUC: ROC-AUC of the trained advantages against the oracle labels, mean [95% CI] over seeds",
