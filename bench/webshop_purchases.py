@@ -1,6 +1,6 @@
 """What WebShop policies buy: why success stays low while the score given a purchase rises.
 
-For every finished run of a store (``--runs-dir``), its first and last evaluation on each split are
+For every run of a store (``--runs-dir``), its first and last evaluation on each split are
 read back from SQLite and each purchase is checked against the episode's goal, rebuilt from the
 run's stored config: the goal product itself, all goal attributes on the bought product, price under
 the limit, and the options. An option group is *answerable* when the bought product offers the
@@ -72,15 +72,13 @@ def main() -> None:
     store = RunStore(f"sqlite:///{args.runs_dir / 'milegpo.db'}")
     rows = []
     for run in store.list_runs():
-        if run["status"] != "finished":
-            continue
         config = Config.from_dict(run["config"])
         suite = build_suite(config)
         evals = store.evaluations(run["id"])
         for split in config.eval.splits:
             tasks = {t.task_id: t for t in suite.tasks(split, suite.split_size(split))}
             mine = sorted((ev for ev in evals if ev["split"] == split), key=lambda ev: ev["iteration"])
-            for ev in (mine[0], mine[-1]) if mine else ():
+            for ev in {e["id"]: e for e in (mine[:1] + mine[-1:])}.values():  # first and last (once if equal)
                 eps = store.episodes(run["id"], evaluation_id=ev["id"])
                 by_episode: dict[int, list[str]] = {}
                 for s in store.steps(run["id"], evaluation_id=ev["id"]):
