@@ -143,23 +143,42 @@ def _fmt_dict(e: dict | None, scale: float = 100.0, digits: int = 1) -> str:
     return "-" if e is None else f"{e['value'] * scale:.{digits}f} [{e['low'] * scale:.{digits}f}, {e['high'] * scale:.{digits}f}]"
 
 
-def _curve_and_area_tables(groups: dict[str, list[RunData]], data: dict, metrics: Sequence[str], baseline: str | None,
-                           credit: Mapping[int, float], title: str, seed: int) -> list[Table]:
-    """Learning curves (mean [CI] per evaluated iteration) and the area under the id curve against
-    the baseline, with the power of the comparison; fills ``data["methods"][m]["curves" / "area"]``."""
-    curve_rows, area_rows = [], []
-    areas = {m: {met: _by_seed(rs, lambda r, met=met: curves.area(r, "id", met)) for met in metrics}
-             for m, rs in groups.items()}
-    finals = {m: {met: _by_seed(rs, lambda r, met=met: getattr(r.final("id"), met, None)) for met in metrics}
-              for m, rs in groups.items()}
+def _versus_cells(vs: dict | None) -> list[str]:
+    """Cells of a ``_versus`` result: P(X > Y) [CI], its p-value, the paired difference [CI], its MDE."""
+    if vs is None:
+        return ["-"] * 4
+    return [_fmt_dict(vs["poi"], 1.0, 2), "-" if vs["poi_p"] is None else f"{vs['poi_p']:.3f}",
+            _fmt_dict(vs["difference"] and vs["difference"]["mean"]),
+            "-" if vs["mde"] is None else f"{100 * vs['mde']:.1f}"]
+
+
+def _curve_table(groups: dict[str, list[RunData]], data: dict, metrics: Sequence[str], title: str, seed: int) -> Table:
+    """Each method's evaluation at every iteration its runs share; fills ``data["methods"][m]["curves"]``."""
+    rows = []
+    for m, rs in groups.items():
+        pts = {(s, met): {p.iteration: p for p in curves.common_curve(rs, s, met, seed)} for s in SPLITS for met in metrics}
+        data["methods"][m]["curves"] = {s: {met: [p.to_dict() for p in pts[s, met].values()] for met in metrics}
+                                        for s in SPLITS}
+        for it, p in pts["id", metrics[0]].items():
+            rows.append([m, str(it), f"{p.steps:.0f}"] + [_fmt_summary(q.summary, spread=False) if (q := pts[s, met].get(it))
+                                                          else "-" for met in metrics for s in SPLITS])
+    return Table(f"{title}: learning curves, % at each evaluated iteration (0: the starting policy); mean [95% CI] "
+                 "over seeds; steps: mean environment steps trained by then",
+                 ["method", "iteration", "steps"] + [f"{met} {s}" for met in metrics for s in SPLITS], rows)
+
+
+def _area_table(groups: dict[str, list[RunData]], data: dict, metrics: Sequence[str], baseline: str | None,
+                credit: Mapping[int, float], title: str, seed: int) -> Table:
+    """The area under each method's id curve, against the baseline with the power of the comparison,
+    and its credit AUC; fills ``data["methods"][m]["area" / "credit_auc"]``."""
+    def by_method(value) -> dict[str, dict[str, dict[int, float]]]:
+        return {m: {met: _by_seed(rs, lambda r, met=met: value(r, met)) for met in metrics} for m, rs in groups.items()}
+
+    areas = by_method(lambda r, met: curves.area(r, "id", met))
+    finals = by_method(lambda r, met: getattr(r.final("id"), met, None))
+    rows = []
     for m, rs in groups.items():
         d = data["methods"][m]
-        pts = {(s, met): {p.iteration: p for p in curves.common_curve(rs, s, met, seed)} for s in SPLITS for met in metrics}
-        d["curves"] = {s: {met: [p.to_dict() for p in pts[s, met].values()] for met in metrics} for s in SPLITS}
-        for it, p in pts["id", metrics[0]].items():
-            curve_rows.append([m, str(it), f"{p.steps:.0f}"]
-                              + [_fmt_summary(q.summary, spread=False) if (q := pts[s, met].get(it)) else "-"
-                                 for met in metrics for s in SPLITS])
         cr = _by_seed(rs, lambda r: credit.get(r.run_id))
         d["credit_auc"] = stats.summarize(list(cr.values()), seed=seed).to_dict() if cr else None
         d["area"] = {}
@@ -167,34 +186,21 @@ def _curve_and_area_tables(groups: dict[str, list[RunData]], data: dict, metrics
             a = areas[m][met]
             vs = (_versus(a, areas[baseline][met], seed), _versus(finals[m][met], finals[baseline][met], seed)) \
                 if baseline and m != baseline else (None, None)
-            d["area"][met] = {"id": stats.summarize(list(a.values()), seed=seed).to_dict() if a else None,
-                              "vs_baseline": vs[0], "final_vs_baseline": vs[1]}
-            summ = _summary({ALL: a}, seed) if a else None
-            row = [m, met, str(len(a)), _fmt_summary(summ)]
-            if baseline:
-                row += ["-" if vs[0] is None else _fmt_dict(vs[0]["poi"], 1.0, 2),
-                        "-" if vs[0] is None or vs[0]["poi_p"] is None else f"{vs[0]['poi_p']:.3f}",
-                        "-" if vs[0] is None else _fmt_dict(vs[0]["difference"] and vs[0]["difference"]["mean"]),
-                        "-" if vs[0] is None or vs[0]["mde"] is None else f"{100 * vs[0]['mde']:.1f}",
-                        "-" if vs[1] is None else _fmt_dict(vs[1]["difference"] and vs[1]["difference"]["mean"]),
-                        "-" if vs[1] is None or vs[1]["mde"] is None else f"{100 * vs[1]['mde']:.1f}"]
-            row.append(_fmt_dict(d["credit_auc"] and d["credit_auc"]["mean"], 1.0, 3))
-            area_rows.append(row)
-    curve_cols = ["method", "iteration", "steps"] + [f"{met} {s}" for met in metrics for s in SPLITS]
-    area_cols = ["method", "metric", "seeds", "AUC id"]
+            summary = _summary({ALL: a}, seed) if a else None
+            d["area"][met] = {"id": summary and summary.to_dict(), "vs_baseline": vs[0], "final_vs_baseline": vs[1]}
+            rows.append([m, met, str(len(a)), _fmt_summary(summary)]
+                        + ((_versus_cells(vs[0]) + _versus_cells(vs[1])[2:]) if baseline else [])
+                        + [_fmt_dict(d["credit_auc"] and d["credit_auc"]["mean"], 1.0, 3)])
+    cols = ["method", "metric", "seeds", "AUC id"]
     if baseline:
-        area_cols += [f"P(AUC id > {baseline})", "p (Mann-Whitney)", f"AUC id - {baseline}", "MDE AUC",
-                      f"final id - {baseline}", "MDE final"]
-    area_cols.append("credit AUC")
-    return [Table(f"{title}: learning curves, % at each evaluated iteration (0: the starting policy); mean [95% CI] "
-                  "over seeds; steps: mean environment steps trained by then", curve_cols, curve_rows),
-            Table(f"{title}: area under the id learning curve over iterations (its mean height, %), mean ± std [95% CI] "
-                  "over seeds" + (f"; against {baseline}: probability of improvement over seeds with the two-sided Mann-Whitney p of "
-                                  "P = 0.5, and differences "
-                                  "paired by seed with the minimum detectable difference MDE (80% power, 5% level, "
-                                  "from the observed spread)" if baseline else "")
-                  + "; credit AUC: ROC-AUC of the trained advantages against the oracle labels, mean [95% CI] over seeds",
-                  area_cols, area_rows)]
+        cols += [f"P(AUC id > {baseline})", "p (Mann-Whitney)", f"AUC id - {baseline}", "MDE AUC",
+                 f"final id - {baseline}", "MDE final"]
+    versus = (f"; against {baseline}: probability of improvement over seeds with the two-sided Mann-Whitney p of "
+              "P = 0.5, and differences paired by seed with the minimum detectable difference MDE (80% power, 5% "
+              "level, from the observed spread)") if baseline else ""
+    return Table(f"{title}: area under the id learning curve over iterations (its mean height, %), mean ± std "
+                 f"[95% CI] over seeds{versus}; credit AUC: ROC-AUC of the trained advantages against the oracle "
+                 "labels, mean [95% CI] over seeds", cols + ["credit AUC"], rows)
 
 
 def report_from_runs(
@@ -287,7 +293,8 @@ def report_from_runs(
                             "episodes per seed (id, ood)",
                             ["method", "task type", "metric", "seeds", "episodes", "id", "ood", "gap"],
                             type_rows))
-    tables += _curve_and_area_tables(groups, data, metrics, baseline, credit or {}, title, seed)
+    tables += [_curve_table(groups, data, metrics, title, seed),
+               _area_table(groups, data, metrics, baseline, credit or {}, title, seed)]
     return Report(title=title, by=by, baseline=baseline, metrics=metrics, data=data, tables=tables)
 
 
