@@ -211,6 +211,7 @@ def experiment_store(db):
                 store.record_evaluation(rid, split, {}, [EpisodeRecord(f"{split}{i}", split, "pick", "e", 0,
                                                                        float(i < wins), i < wins, 5)
                                                          for i in range(4)], iteration=1)
+            store.set_status(rid, "finished")  # report reads finished runs only
     return exp
 
 
