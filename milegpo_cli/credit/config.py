@@ -9,6 +9,11 @@ NORMS = ("mean_std", "mean")
 EPISODE_STATS = ("rollouts", "steps")
 EPISODE_SCORES = ("outcome", "success")
 FORMULATIONS = ("v3", "v2", "paper")  # "ours" is accepted as the old name of "v2"
+
+
+def canonical_formulation(name: str) -> str:
+    """A formulation's current name ("ours", the old name of "v2", read as "v2")."""
+    return "v2" if name == "ours" else name
 PRESETS = ("", "verl-agent")
 # verl-agent's GiGPO conventions (docs/algorithms.md, preset; gigpo/core_gigpo.py): statistics over step rows, one
 # normalisation mode for both levels, episode score 10 x success, invalid-format penalty 0.1 on that row.
@@ -81,8 +86,7 @@ class CreditConfig:
     drop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.formulation == "ours":
-            object.__setattr__(self, "formulation", "v2")
+        object.__setattr__(self, "formulation", canonical_formulation(self.formulation))
         if self.preset not in PRESETS:
             raise ValueError(f"preset: must be one of {', '.join(repr(p) for p in PRESETS)}, got {self.preset!r}")
         if self.preset == "verl-agent":

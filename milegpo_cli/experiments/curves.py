@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from milegpo_cli.experiments import stats
-from milegpo_cli.experiments.runs import ALL, RunData
+from milegpo_cli.experiments.runs import RunData
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def steps_through(run: RunData) -> dict[int, int]:
 
 def eval_curve(run: RunData, split: str, metric: str = "success") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(iterations, steps trained through each, metric values) of the run's evaluations on ``split``."""
-    rows = sorted((e.iteration, getattr(e, metric)) for e in run.evals if e.split == split and e.task_type == ALL)
+    rows = run.eval_curve(split, metric)
     steps = steps_through(run)
     last = max(steps)
     its = np.array([i for i, _ in rows], dtype=int)

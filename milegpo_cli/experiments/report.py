@@ -203,6 +203,20 @@ def _area_table(groups: dict[str, list[RunData]], data: dict, metrics: Sequence[
                  "labels, mean [95% CI] over seeds", cols + ["credit AUC"], rows)
 
 
+def reported_runs(runs: Sequence[RunData], by: str) -> tuple[list[RunData], list[int]]:
+    """The runs a report covers (finished and evaluated; milegpo only with ``by`` drop) and the ids of
+    the unfinished ones it leaves out."""
+    if by not in BY:
+        raise ExperimentError(f"by: must be one of {', '.join(BY)}, got {by!r}")
+    if by == "drop":
+        runs = [r for r in runs if r.algo == "milegpo"]
+    kept = [r for r in runs if r.evals and r.status == "finished"]
+    if not kept:
+        raise ExperimentError("report: no finished evaluated runs to report on"
+                              + (" (by=drop needs milegpo runs)" if by == "drop" else ""))
+    return kept, [r.run_id for r in runs if r.status != "finished"]
+
+
 def report_from_runs(
     runs: Sequence[RunData], *, by: str = "algo", baseline: str | None = None, title: str = "report", seed: int = 0,
     credit: Mapping[int, float] | None = None,
@@ -211,15 +225,7 @@ def report_from_runs(
 
     ``credit``: run id -> credit ROC-AUC of its trained advantages (runs without one show "-").
     """
-    if by not in BY:
-        raise ExperimentError(f"by: must be one of {', '.join(BY)}, got {by!r}")
-    if by == "drop":
-        runs = [r for r in runs if r.algo == "milegpo"]
-    left_out = [r.run_id for r in runs if r.status != "finished"]
-    runs = [r for r in runs if r.evals and r.status == "finished"]
-    if not runs:
-        raise ExperimentError("report: no finished evaluated runs to report on"
-                              + (" (by=drop needs milegpo runs)" if by == "drop" else ""))
+    runs, left_out = reported_runs(runs, by)
     groups: dict[str, list[RunData]] = {}
     for r in sorted(runs, key=lambda r: (r.algo, r.drop, r.seed, r.run_id)):
         groups.setdefault(method_label(r, by), []).append(r)
@@ -375,8 +381,8 @@ def build_report(store, experiment: int | str | None = None, by: str = "algo", b
     else:
         exp, runs = experiment_runs(store, experiment)
         title = f"experiment {exp['id']} ({exp['name']})"
-    credit = {r.run_id: auc for r in runs if r.status == "finished"
-              and (auc := trained_credit_auc(store, r.run_id)) is not None}
+    credit = {r.run_id: auc for r in reported_runs(runs, by)[0]  # the runs the report covers, not all of the store
+              if (auc := trained_credit_auc(store, r.run_id)) is not None}
     report = report_from_runs(runs, by=by, baseline=baseline, title=title, credit=credit)
     report.data["root"] = runs[0].root
     report.data["experiment"] = None if exp is None else {"id": exp["id"], "name": exp["name"],

@@ -17,6 +17,7 @@ from rich import box
 from rich.table import Table
 
 from milegpo_cli.credit import CreditConfig
+from milegpo_cli.credit.config import canonical_formulation
 from milegpo_cli.errors import MilegpoError, RunNotFound
 from milegpo_cli.intervals import wilson_interval
 
@@ -129,12 +130,6 @@ def _evals(store, run_id: int, last_iteration: int) -> list[EvalResult]:
     return out
 
 
-def _formulation(config: dict) -> str:
-    """The stored config's credit.formulation (the old name "ours" read as "v2")."""
-    f = (config.get("credit") or {}).get("formulation") or DEFAULT_FORMULATION
-    return "v2" if f == "ours" else f
-
-
 def load_run(store, ref: int | str) -> RunData:
     """A run of the store as RunData; raises the store's RunNotFound for an unknown id or name."""
     run = store.get_run(ref)
@@ -157,7 +152,7 @@ def load_run(store, ref: int | str) -> RunData:
         experiment=None if run["experiment_id"] is None else str(run["experiment_id"]),
         steps=int(steps), wall_s=wall, evals=tuple(_evals(store, run["id"], last)), curves=curves,
         root=(config.get("store") or {}).get("root") or "runs",
-        formulation=_formulation(config),
+        formulation=canonical_formulation((config.get("credit") or {}).get("formulation") or DEFAULT_FORMULATION),
     )
 
 
