@@ -9,7 +9,7 @@ import torch
 from rich.console import Console
 
 from milegpo_cli.config import load_config
-from milegpo_cli.experiments.ablate import members, run_ablate
+from milegpo_cli.experiments.ablate import members, run_ablate, seed_major
 from milegpo_cli.experiments.compare import compare
 from milegpo_cli.experiments.diagnose import diagnose
 from milegpo_cli.experiments.report import build_report, log_plots, plot_report
@@ -38,6 +38,8 @@ def test_members_spec():
                       "milegpo -progress s0", "milegpo -progress s1", "milegpo -same-state s0",
                       "milegpo -same-state s1", "grpo s0", "grpo s1"]
     assert [m.label for m in members(config, [], 2, ["grpo"])] == ["milegpo s0", "milegpo s1", "grpo s0", "grpo s1"]
+    plan = [(m, i) for i, m in enumerate(members(config, [], 2, ["grpo"]))]
+    assert [m.label for m, _ in seed_major(plan)] == ["milegpo s0", "grpo s0", "milegpo s1", "grpo s1"]
     with pytest.raises(ExperimentError, match="drop"):
         members(config, ["speed"], 1)
     with pytest.raises(ExperimentError, match="algos"):

@@ -6,7 +6,9 @@ it: finished members are skipped, unfinished ones continue via ``train(resume_ru
 their last checkpoint. Members are pre-registered in the store (with the experiment id) and in
 MLflow (child runs tagged ``mlflow.parentRunId`` under the experiment's parent run) before they
 train, so a crash at any point leaves nothing to duplicate. ``parallel > 1`` trains members in
-``milegpo train --resume RUN`` subprocesses.
+``milegpo train --resume RUN`` subprocesses. Members train seed by seed (every variant's seed 0, then
+seed 1, ...), so an experiment interrupted part way holds whole seeds of every variant: its
+comparisons stay paired.
 """
 from __future__ import annotations
 
@@ -56,6 +58,11 @@ def members(config: Config, drops: Sequence[str] | None, seeds: int, algos: Sequ
     variants += [(a, ()) for a in (algos or ()) if a != config.run.algo]
     variants = list(dict.fromkeys(variants))
     return [Member(a, d, s) for a, d in variants for s in range(seeds)]
+
+
+def seed_major(plan: Sequence[tuple[Member, int]]) -> list[tuple[Member, int]]:
+    """The training order: by seed, and within a seed in the order of ``members``."""
+    return sorted(plan, key=lambda item: item[0].seed)
 
 
 def member_config(config: Config, m: Member) -> Config:
@@ -140,7 +147,7 @@ def run_ablate(config: Config, store, tracker_uri: str | None, drops: Sequence[s
         row = existing.get((m.algo, m.drop, m.seed))
         rid = row["id"] if row else _register(store, tracker, member_config(config, m), exp_id, parent)
         plan.append((m, rid))
-    todo = [(m, rid) for m, rid in plan if (existing.get((m.algo, m.drop, m.seed)) or {}).get("status") != "finished"]
+    todo = [(m, rid) for m, rid in seed_major(plan) if (existing.get((m.algo, m.drop, m.seed)) or {}).get("status") != "finished"]
     console.print(f"{len(plan) - len(todo)} finished, {len(todo)} to train")
 
     failed: list[str] = []
