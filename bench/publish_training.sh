@@ -24,7 +24,7 @@ mkdir -p "$IMG"
   echo
   echo "## By method (baseline for probability of improvement and paired differences: gigpo)"
   echo
-  "$MILEGPO" report "${SELECT[@]}" --runs-dir "$RUNS" --format md --baseline gigpo --out "$IMG"
+  "$MILEGPO" report "${SELECT[@]}" --runs-dir "$RUNS" --format md --baseline "${BASELINE:-gigpo}" --out "$IMG"
   echo
   echo "## Ablations (by dropped component; baseline: the full method)"
   echo
