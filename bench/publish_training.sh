@@ -3,12 +3,14 @@
 # Every figure in the generated file is the output of `milegpo report` / `milegpo compare`.
 #   usage: bench/publish_training.sh [RUNS_DIR] [EXPERIMENT|all] [OUT.md] [TITLE]
 #   e.g.   bench/publish_training.sh runs/results-v2-alfworld all docs/results_v2_alfworld.md "Results v2, ALFWorld"
+#   BASELINE=METHOD sets the by-method baseline (default gigpo), for stores without GiGPO runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-runs/results-alfworld}
 EXP=${2:-1}
 OUT=${3:-docs/results_training.md}
 TITLE=${4:-Training results}
+BASELINE=${BASELINE:-gigpo}
 IMG=docs/img/$(basename "$OUT" .md)
 MILEGPO=${MILEGPO:-.venv/bin/milegpo}
 export COLUMNS=220
@@ -22,9 +24,9 @@ mkdir -p "$IMG"
   echo "Generated $(date -u '+%Y-%m-%d %H:%M UTC') at commit $(git rev-parse --short HEAD). Only finished runs are"
   echo "reported; the \`left_out\` count of \`milegpo report --format json\` lists the others."
   echo
-  echo "## By method (baseline for probability of improvement and paired differences: gigpo)"
+  echo "## By method (baseline for probability of improvement and paired differences: $BASELINE)"
   echo
-  "$MILEGPO" report "${SELECT[@]}" --runs-dir "$RUNS" --format md --baseline "${BASELINE:-gigpo}" --out "$IMG"
+  "$MILEGPO" report "${SELECT[@]}" --runs-dir "$RUNS" --format md --baseline "$BASELINE" --out "$IMG"
   echo
   echo "## Ablations (by dropped component; baseline: the full method)"
   echo
