@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
@@ -380,6 +381,15 @@ def policy_build_base(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, runs_
     console.print(f"base policy {folder}: " + "  ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
 
 
+def _sigterm_as_interrupt(signum, frame) -> None:
+    """SIGTERM (``kill``, a scheduler, ``milegpo ablate`` stopping its members) ends a command as Ctrl-C
+    does: a run is marked killed in the store and MLflow. Later SIGTERMs are ignored so that the
+    cleanup finishes."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     ensure_cpu_processes()
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     app()

@@ -116,3 +116,47 @@ def test_ablate_parallel_members_share_one_store(tmp_path, models_dir):
     assert sorted(d for _, d in runs) == ['["traps"]', "[]"]
     for run_id, _ in runs:
         assert_run_complete(root / "milegpo.db", run_id, 1)
+
+
+def _member_processes(db: Path) -> list[int]:
+    """Pids of live `milegpo train --resume` processes on the store ``db`` (Linux /proc)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"--resume" in cmd and any(str(db).encode() in a for a in cmd):
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_sigterm_stops_ablate_members_and_marks_them_killed(tmp_path, models_dir):
+    import signal
+    import time
+
+    root = runs_dir(tmp_path, models_dir)
+    db = root / "milegpo.db"
+    proc = spawn(["ablate", "-r", "webshop", *sets(), "--drop", "traps", "--seeds", "1", "--iterations", "500",
+                  "--parallel", "2", "--runs-dir", str(root)], tmp_path)
+    deadline = time.monotonic() + 300
+    trained = 0
+    while trained < 2 and time.monotonic() < deadline and proc.poll() is None:  # both members in their loop
+        time.sleep(1.0)
+        if db.exists():
+            con = sqlite3.connect(db)
+            trained = con.execute("SELECT count(DISTINCT run_id) FROM iterations").fetchone()[0]
+            con.close()
+    assert trained == 2 and len(_member_processes(db)) == 2, proc.communicate(timeout=60)[0]
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=180)[0]
+    assert proc.returncode != 0, out
+    assert _member_processes(db) == [], out  # no orphaned member keeps training
+    con = sqlite3.connect(db)
+    statuses = [s for (s,) in con.execute("SELECT status FROM runs WHERE experiment_id IS NOT NULL")]
+    con.close()
+    assert statuses == ["killed", "killed"], out
+    mlflow = sqlite3.connect(root / "mlflow.db")  # the ablate parent run and both members
+    assert [s for (s,) in mlflow.execute("SELECT status FROM runs")] == ["KILLED"] * 3
+    mlflow.close()

@@ -117,7 +117,6 @@ def run_ablate(config: Config, store, tracker_uri: str | None, drops: Sequence[s
                algos: Sequence[str] | None = None, parallel: int = 1) -> int:
     """Run (or resume) the ablation experiment of ``config``; returns its experiment id."""
     from milegpo_cli.store.tracking import Tracker
-    from milegpo_cli.trainer.loop import train
 
     if parallel < 1:
         raise ExperimentError(f"parallel: must be >= 1, got {parallel}")
@@ -150,18 +149,13 @@ def run_ablate(config: Config, store, tracker_uri: str | None, drops: Sequence[s
     todo = [(m, rid) for m, rid in seed_major(plan) if (existing.get((m.algo, m.drop, m.seed)) or {}).get("status") != "finished"]
     console.print(f"{len(plan) - len(todo)} finished, {len(todo)} to train")
 
-    failed: list[str] = []
-    if parallel == 1:
-        for m, rid in todo:
-            console.print(f"[bold]member {m.label}[/bold] (run {rid})")
-            try:
-                train(member_config(config, m), store, tracker_uri, resume_run=rid, console=console)
-            except Exception as err:  # noqa: BLE001 - one failed member must not stop the others
-                console.print(f"[red]member {m.label} (run {rid}) failed: {err}[/red]")
-                failed.append(f"{m.label} (run {rid}: {type(err).__name__}: {err})")
-    else:
-        failed = _train_parallel(store, todo, parallel, console)
-
+    try:
+        failed = _train_members(config, store, tracker_uri, todo, parallel, console)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cli.main): members were stopped and marked killed
+        if tracker is not None:
+            tracker.run_id = parent
+            tracker.end("KILLED")
+        raise
     console.print(_status_table(store, plan, f"experiment {exp_id}: {name}"))
     if tracker is not None:
         tracker.run_id = parent
@@ -171,11 +165,53 @@ def run_ablate(config: Config, store, tracker_uri: str | None, drops: Sequence[s
     return exp_id
 
 
-def _train_parallel(store, todo: list[tuple[Member, int]], parallel: int, console) -> list[str]:
-    """``milegpo train --resume RUN`` subprocesses, at most ``parallel`` at a time; logs beside the store."""
-    running: list[tuple[Member, int, subprocess.Popen, object]] = []
+def _train_members(config: Config, store, tracker_uri: str | None, todo: list[tuple[Member, int]], parallel: int,
+                   console) -> list[str]:
+    """Train the unfinished members, in this process or ``parallel`` subprocesses; returns the failures."""
+    from milegpo_cli.trainer.loop import train
+
+    if parallel > 1:
+        return _train_parallel(store, todo, parallel, console)
     failed: list[str] = []
-    queue = list(todo)
+    for m, rid in todo:
+        console.print(f"[bold]member {m.label}[/bold] (run {rid})")
+        try:
+            train(member_config(config, m), store, tracker_uri, resume_run=rid, console=console)
+        except Exception as err:  # noqa: BLE001 - one failed member must not stop the others
+            console.print(f"[red]member {m.label} (run {rid}) failed: {err}[/red]")
+            failed.append(f"{m.label} (run {rid}: {type(err).__name__}: {err})")
+    return failed
+
+
+def _train_parallel(store, todo: list[tuple[Member, int]], parallel: int, console) -> list[str]:
+    """``milegpo train --resume RUN`` subprocesses, at most ``parallel`` at a time; logs beside the store.
+    Interrupted (Ctrl-C, SIGTERM), it stops the running members, which mark their runs killed."""
+    running: list[tuple[Member, int, subprocess.Popen, object]] = []
+    try:
+        return _supervise(store, list(todo), running, parallel, console)
+    except BaseException:
+        _stop(running, console)
+        raise
+
+
+def _stop(running: list[tuple[Member, int, subprocess.Popen, object]], console, grace_s: float = 60.0) -> None:
+    """SIGTERM every running member (``milegpo train`` treats it as Ctrl-C), then SIGKILL after ``grace_s``."""
+    for _, _, proc, _ in running:
+        if proc.poll() is None:
+            proc.terminate()
+    for m, rid, proc, log in running:
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        console.print(f"stopped {m.label} (run {rid}), exit {proc.returncode}")
+
+
+def _supervise(store, queue: list[tuple[Member, int]], running: list, parallel: int, console) -> list[str]:
+    """Keep ``parallel`` members running until ``queue`` is empty; returns the failures."""
+    failed: list[str] = []
     while queue or running:
         while queue and len(running) < parallel:
             m, rid = queue.pop(0)
@@ -184,7 +220,9 @@ def _train_parallel(store, todo: list[tuple[Member, int]], parallel: int, consol
             log_dir.mkdir(parents=True, exist_ok=True)
             log = open(log_dir / f"run{rid}.log", "ab")
             cmd = [sys.executable, "-m", "milegpo_cli", "train", "--resume", str(rid), "--db", store.url]
-            running.append((m, rid, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+            # its own session: a Ctrl-C reaches this process only, and :func:`_stop` signals each member once
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            running.append((m, rid, proc, log))
             console.print(f"started {m.label} (run {rid}), log {log.name}")
         time.sleep(1.0)
         for item in list(running):
