@@ -185,3 +185,22 @@ def test_report_labels_a_milegpo_formulation(store, experiment):
     store.set_status(rid, "finished")
     assert set(R.build_report(store, experiment).data["methods"]) == {"gigpo", "milegpo", "milegpo (paper)"}
     assert set(R.build_report(store, experiment, by="drop").data["methods"]) == {"full", "full (paper)"}
+
+
+def test_report_counts_a_member_trained_by_two_experiments_once(store, experiment):
+    """A second experiment of the store that retrains milegpo seed 0 (with a different result here)
+    does not add a seed: the earliest run of each method and seed is reported, the other is listed."""
+    other = store.create_experiment("exp-two", kind="ablate")
+    rid = store.create_run("milegpo-s0-again", algo="milegpo", seed=0, experiment_id=other,
+                           config={"env": {"name": "alfworld"}})
+    store.record_iteration(rid, 1, {"steps": 100.0})
+    for split in ("id", "ood"):
+        store.record_evaluation(rid, split, {}, episodes(split, {"heat": 0.0, "pick": 0.0}), iteration=1)
+    store.set_status(rid, "finished")
+    alone = R.build_report(store, experiment).data["methods"]["milegpo"]["metrics"]["success"]["id"]
+    rep = R.build_report(store)
+    mile = rep.data["methods"]["milegpo"]
+    first = mile["runs"][0]
+    assert len(mile["runs"]) == 3 and rid not in mile["runs"] and rep.data["duplicates"] == {rid: first}
+    assert mile["metrics"]["success"]["id"] == alone
+    assert R.build_report(store, other).data["methods"]["milegpo"]["runs"] == [rid]  # alone, it is reported

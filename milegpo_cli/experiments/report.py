@@ -15,7 +15,7 @@ import html
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 from rich import box
@@ -203,18 +203,33 @@ def _area_table(groups: dict[str, list[RunData]], data: dict, metrics: Sequence[
                  "labels, mean [95% CI] over seeds", cols + ["credit AUC"], rows)
 
 
-def reported_runs(runs: Sequence[RunData], by: str) -> tuple[list[RunData], list[int]]:
-    """The runs a report covers (finished and evaluated; milegpo only with ``by`` drop) and the ids of
-    the unfinished ones it leaves out."""
+class Covered(NamedTuple):
+    runs: list[RunData]  # what the report counts
+    left_out: list[int]  # unfinished runs
+    duplicates: dict[int, int]  # run id -> the run of the same method and seed that is counted instead
+
+
+def reported_runs(runs: Sequence[RunData], by: str) -> Covered:
+    """The runs a report covers: finished and evaluated (milegpo only with ``by`` drop), one per method
+    and seed, the earliest; a store where two experiments trained the same member (a method and seed
+    shared by both) counts it once, as a paired comparison needs."""
     if by not in BY:
         raise ExperimentError(f"by: must be one of {', '.join(BY)}, got {by!r}")
     if by == "drop":
         runs = [r for r in runs if r.algo == "milegpo"]
-    kept = [r for r in runs if r.evals and r.status == "finished"]
+    first: dict[tuple[str, int], int] = {}
+    kept, duplicates = [], {}
+    for r in sorted((r for r in runs if r.evals and r.status == "finished"), key=lambda r: r.run_id):
+        key = (method_label(r, by), r.seed)
+        if key in first:
+            duplicates[r.run_id] = first[key]
+        else:
+            first[key] = r.run_id
+            kept.append(r)
     if not kept:
         raise ExperimentError("report: no finished evaluated runs to report on"
                               + (" (by=drop needs milegpo runs)" if by == "drop" else ""))
-    return kept, [r.run_id for r in runs if r.status != "finished"]
+    return Covered(kept, [r.run_id for r in runs if r.status != "finished"], duplicates)
 
 
 def report_from_runs(
@@ -225,7 +240,7 @@ def report_from_runs(
 
     ``credit``: run id -> credit ROC-AUC of its trained advantages (runs without one show "-").
     """
-    runs, left_out = reported_runs(runs, by)
+    runs, left_out, duplicates = reported_runs(runs, by)
     groups: dict[str, list[RunData]] = {}
     for r in sorted(runs, key=lambda r: (r.algo, r.drop, r.seed, r.run_id)):
         groups.setdefault(method_label(r, by), []).append(r)
@@ -238,7 +253,7 @@ def report_from_runs(
     types = sorted({t for r in runs for s in SPLITS for t in r.task_types(s)})
 
     data: dict = {"title": title, "by": by, "baseline": baseline, "metrics": list(metrics), "methods": {},
-                  "left_out": left_out}
+                  "left_out": left_out, "duplicates": duplicates}
     strata = {m: {(split, met): _strata(rs, split, met, types) for split in SPLITS for met in metrics}
               for m, rs in groups.items()}
     main_cols = ["method", "seeds", "episodes"]
@@ -381,7 +396,7 @@ def build_report(store, experiment: int | str | None = None, by: str = "algo", b
     else:
         exp, runs = experiment_runs(store, experiment)
         title = f"experiment {exp['id']} ({exp['name']})"
-    credit = {r.run_id: auc for r in reported_runs(runs, by)[0]  # the runs the report covers, not all of the store
+    credit = {r.run_id: auc for r in reported_runs(runs, by).runs  # the runs the report covers, not all of the store
               if (auc := trained_credit_auc(store, r.run_id)) is not None}
     report = report_from_runs(runs, by=by, baseline=baseline, title=title, credit=credit)
     report.data["root"] = runs[0].root
