@@ -7,11 +7,17 @@ expert-action probe.
     python bench/learning.py --recipe webshop --seeds 0 1 2 --label webshop
     python bench/learning.py --recipe alfworld --seeds 0 --label alfworld-from-nothing \
         --set base.enabled=false --set policy.score_norm=mean
+    python bench/learning.py --recipe webshop --seeds 0 1 2 3 4 --label webshop-results-v2 \
+        --runs-dir runs/results-v2-webshop --experiment 1 --algo milegpo   # reads trained runs only
 
 Writes bench/results/learning_<label>.json (every figure, the commands and the wall time) and the
 same table in bench/results/learning_<label>.md (docs/results.md cites these files). Runs go to their own store (``--runs-dir``, default runs/learning-<label>); the
 game cache and the cached base policy are shared with runs/ so nothing is built twice. An existing
 finished run of the same recipe, overrides and seed in that store is reused (the bench resumes).
+``--experiment`` / ``--algo`` read the runs of one method of an experiment in an existing store
+(e.g. a results store) instead of training; each seed must then be there exactly once.
+Pooled gains carry two intervals: the percentile bootstrap over (seed, task) pairs and a Student t
+interval over the per-seed mean gains, which also counts the seed-to-seed spread.
 """
 from __future__ import annotations
 
@@ -29,6 +35,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from scipy import stats  # noqa: E402
+
 from milegpo_cli.store import RunStore  # noqa: E402
 from milegpo_cli.intervals import wilson_interval  # noqa: E402
 
@@ -42,6 +50,28 @@ def paired_interval(diffs: np.ndarray, resamples: int = 10_000) -> tuple[float, 
         return float("nan"), float("nan")
     means = diffs[RNG.integers(0, len(diffs), (resamples, len(diffs)))].mean(axis=1)
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def seed_t_interval(diffs_by_seed: list[list[float]]) -> tuple[float, float] | None:
+    """Student t 95 % interval of the mean over seeds of each seed's mean paired gain (None: < 2 seeds)."""
+    means = np.asarray([np.mean(d) for d in diffs_by_seed])
+    if len(means) < 2:
+        return None
+    half = stats.t.ppf(0.975, len(means) - 1) * means.std(ddof=1) / np.sqrt(len(means))
+    return float(means.mean() - half), float(means.mean() + half)
+
+
+def stored_runs(store, seeds: list[int], experiment: int | None, algo: str | None) -> dict[int, dict]:
+    """seed -> the finished run of ``seeds`` in the store (of ``experiment`` and ``algo`` when given)."""
+    rows = [r for r in store.list_runs(experiment) if r["status"] == "finished" and r["seed"] in seeds
+            and (algo is None or (r["algo"] == algo and not r["drop"]))]
+    out: dict[int, dict] = {}
+    for r in rows:
+        if r["seed"] in out and (experiment is not None or algo is not None):
+            raise SystemExit(f"seed {r['seed']}: runs {out[r['seed']]['id']} and {r['id']} both match; "
+                             "narrow --experiment / --algo")
+        out[r["seed"]] = r
+    return out
 
 
 def train(recipe: str, seed: int, sets: list[str], runs_dir: Path, log: Path) -> float:
@@ -77,6 +107,7 @@ def run_gain(store, run: dict) -> dict:
             "start_ci": wilson_interval(start["success_rate"] * start["episodes"], start["episodes"]),
             "final_ci": wilson_interval(final["success_rate"] * final["episodes"], final["episodes"]),
             "start_score": start["mean_outcome"], "final_score": final["mean_outcome"],
+            "start_ended_rate": start["metrics"].get("ended_rate"), "final_ended_rate": final["metrics"].get("ended_rate"),
             "start_outcome_given_ended": start["metrics"].get("outcome_given_ended"),
             "final_outcome_given_ended": final["metrics"].get("outcome_given_ended"),
             "tasks": len(tasks), "final_iteration": final["iteration"],
@@ -95,9 +126,19 @@ def summarise(per_seed: dict[int, dict]) -> dict:
         od = np.concatenate([r["score_diffs"] for r in rows])
         pooled[split] = {"pairs": int(len(sd)), "success_gain": float(sd.mean()), "success_gain_ci": paired_interval(sd),
                          "score_gain": float(od.mean()), "score_gain_ci": paired_interval(od),
+                         "success_gain_seed_t_ci": seed_t_interval([r["success_diffs"] for r in rows]),
+                         "score_gain_seed_t_ci": seed_t_interval([r["score_diffs"] for r in rows]),
                          "probe_gain": [r["probe_final"] - r["probe_start"] for r in rows
                                         if r["probe_final"] is not None and r["probe_start"] is not None]}
     return pooled
+
+
+def _share(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _interval(ci: tuple[float, float] | None) -> str:
+    return "-" if ci is None else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
 
 
 def main() -> None:
@@ -108,6 +149,8 @@ def main() -> None:
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--label", default=None)
     ap.add_argument("--runs-dir", type=Path, default=None)
+    ap.add_argument("--experiment", type=int, default=None, help="read this experiment's runs; train nothing")
+    ap.add_argument("--algo", default=None, help="read this algo's runs (no ablation); train nothing")
     args = ap.parse_args()
     label = args.label or args.recipe
     runs_dir = (args.runs_dir or ROOT / "runs" / f"learning-{label}").resolve()
@@ -116,23 +159,29 @@ def main() -> None:
         (ROOT / "runs" / "models").mkdir(parents=True, exist_ok=True)
         (runs_dir / "models").symlink_to(ROOT / "runs" / "models", target_is_directory=True)
     store = RunStore(f"sqlite:///{runs_dir / 'milegpo.db'}")
-    done = {r["seed"]: r for r in store.list_runs() if r["status"] == "finished"}
+    read_only = args.experiment is not None or args.algo is not None
+    done = stored_runs(store, args.seeds, args.experiment, args.algo)
     todo = [s for s in args.seeds if s not in done]
+    if read_only and todo:
+        raise SystemExit(f"seeds {todo}: no finished run in {runs_dir} (--experiment / --algo train nothing)")
     start = time.perf_counter()
     with ThreadPoolExecutor(max(1, args.parallel)) as pool:
         walls = dict(zip(todo, pool.map(lambda s: train(args.recipe, s, args.sets, runs_dir, runs_dir / f"seed{s}.log"),
                                         todo)))
-    runs = {r["seed"]: r for r in store.list_runs() if r["status"] == "finished" and r["seed"] in args.seeds}
+    runs = stored_runs(store, args.seeds, args.experiment, args.algo)
     per_seed = {s: run_gain(store, runs[s]) for s in sorted(runs)}
-    result = {"recipe": args.recipe, "sets": args.sets, "seeds": sorted(runs), "parallel": args.parallel,
+    result = {"recipe": args.recipe, "sets": args.sets, "experiment": args.experiment, "algo": args.algo, "seeds": sorted(runs), "parallel": args.parallel,
               "wall_s_per_run": walls, "wall_s_total": time.perf_counter() - start, "runs_dir": str(runs_dir),
               "per_seed": per_seed, "pooled": summarise(per_seed)}
     out = ROOT / "bench" / "results" / f"learning_{label}.json"
     out.write_text(json.dumps(result, indent=1, default=float))
-    lines = [f"Recipe `{args.recipe}` {' '.join('--set ' + s for s in args.sets)}; seeds {sorted(runs)}; "
+    source = (f" (runs read from `{runs_dir.name}`" + (f", experiment {args.experiment}" if args.experiment else "")
+              + (f", algo {args.algo}" if args.algo else "") + ")") if read_only else ""
+    lines = [f"Recipe `{args.recipe}` {' '.join('--set ' + s for s in args.sets)}{source}; seeds {sorted(runs)}; "
              f"wall time per run (s): {', '.join(f'{w:.0f}' for w in walls.values()) or 'reused'}.", "",
              "| seed | split | start success [95% CI] | final success [95% CI] | paired gain [95% CI] | "
-             "score start -> final | probe logp start -> final | tasks |", "|---|---|---|---|---|---|---|---|"]
+             "score start -> final | bought start -> final | probe logp start -> final | tasks |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for s, g in per_seed.items():
         for split, r in g.items():
             d = np.asarray(r["success_diffs"])
@@ -140,14 +189,15 @@ def main() -> None:
             lines.append(f"| {s} | {split} | {r['start_success']:.3f} [{r['start_ci'][0]:.2f}, {r['start_ci'][1]:.2f}] | "
                          f"{r['final_success']:.3f} [{r['final_ci'][0]:.2f}, {r['final_ci'][1]:.2f}] | {d.mean():+.3f} "
                          f"[{lo:+.3f}, {hi:+.3f}] | {r['start_score']:.3f} -> {r['final_score']:.3f} | "
-                         f"{r['probe_start']:.3f} -> {r['probe_final']:.3f} | {r['tasks']} |")
+                         f"{_share(r['start_ended_rate'])} -> {_share(r['final_ended_rate'])} | {r['probe_start']:.3f} -> {r['probe_final']:.3f} | {r['tasks']} |")
     lines.append("")
     for split, p in result["pooled"].items():
         lo, hi = p["success_gain_ci"]
         slo, shi = p["score_gain_ci"]
         lines.append(f"- pooled {split}: success gain {p['success_gain']:+.3f} [{lo:+.3f}, {hi:+.3f}] over {p['pairs']} "
-                     f"(seed, task) pairs; score gain {p['score_gain']:+.3f} [{slo:+.3f}, {shi:+.3f}]; probe logp "
-                     f"gain per seed {', '.join('%+.3f' % g for g in p['probe_gain'])}")
+                     f"(seed, task) pairs, {_interval(p['success_gain_seed_t_ci'])} over seeds (t); score gain "
+                     f"{p['score_gain']:+.3f} [{slo:+.3f}, {shi:+.3f}], {_interval(p['score_gain_seed_t_ci'])} over "
+                     f"seeds; probe logp gain per seed {', '.join('%+.3f' % g for g in p['probe_gain'])}")
     md = out.with_suffix(".md")
     md.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
