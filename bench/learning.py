@@ -170,7 +170,8 @@ def main() -> None:
                                         todo)))
     runs = stored_runs(store, args.seeds, args.experiment, args.algo)
     per_seed = {s: run_gain(store, runs[s]) for s in sorted(runs)}
-    result = {"recipe": args.recipe, "sets": args.sets, "experiment": args.experiment, "algo": args.algo, "seeds": sorted(runs), "parallel": args.parallel,
+    result = {"recipe": args.recipe, "sets": args.sets, "experiment": args.experiment, "algo": args.algo,
+              "seeds": sorted(runs), "parallel": args.parallel,
               "wall_s_per_run": walls, "wall_s_total": time.perf_counter() - start, "runs_dir": str(runs_dir),
               "per_seed": per_seed, "pooled": summarise(per_seed)}
     out = ROOT / "bench" / "results" / f"learning_{label}.json"
