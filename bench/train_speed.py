@@ -9,17 +9,21 @@ train` (the recipe's cached base policy when [base] is enabled, built first if m
   policy, no cache, no oracle: the baseline's engine (the first wave's: its two memo tables, no
   grammar shortcuts, a new engine per game) and the optimised engine ("fast");
 - per iteration (trainer.loop.train_iteration + a store write on SQLite), baseline then optimised:
-  wall time split into env, policy, credit, update and store; rollout steps/s; cache hit rate.
-  Baseline = ``env.alfworld.cache=false``, ``env.oracle="all"``, the grammar shortcuts off
-  (condition-parse memo, shallow context copies), a new engine per game and per-sample scoring in
-  the update (``ppo.micro_batch_size=1``); optimised = the recipe;
+  wall time split into env (waiting for the engines), policy, credit, update and store; rollout
+  steps/s; cache hit rate. Baseline = ``env.alfworld.cache=false``, ``env.oracle="all"``, the
+  grammar shortcuts off (condition-parse memo, shallow context copies), a new engine per game and
+  no logic memo, engines in-process without lanes (``env.alfworld.workers=0``,
+  ``rollout.lanes=1``), one torch thread (``run.threads=1``) and per-sample scoring in the update
+  (``ppo.micro_batch_size=1``); optimised = the recipe; optimised_1thread = the recipe with
+  ``run.threads=1`` (the update on one core: what the second torch thread adds);
 - rollout steps/s with the cache off (same policy, same tasks) to isolate the cache;
 - update vs plain: the PPOUpdater against a plain transformers forward/backward/AdamW loop over
-  the same minibatches of the same tokens (ScoreSample/GenerateSample.num_tokens);
-- peak RSS of this process (cache on).
+  the same minibatches of the same tokens (ScoreSample/GenerateSample.num_tokens), same threads;
+- peak RSS, cache on: this process plus, per engine worker, the largest worker's peak.
 S = baseline iteration time / optimised iteration time; C = optimised rollout steps/s (policy
 included) / bare baseline-engine steps/s (also reported against the fast engine:
-cache_vs_fast_engine); U = update tokens/s / plain tokens/s. Appends a row to
+cache_vs_fast_engine); U = update tokens/s / plain tokens/s; speedup_1thread = baseline /
+optimised_1thread iteration time. Appends a row to
 bench/results/train_speed.csv; the last line printed is ``speedup S cache_vs_engine C update_vs_plain U``.
 """
 from __future__ import annotations
@@ -41,7 +45,9 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "train_speed.csv"
-BASELINE = ["env.alfworld.cache=false", 'env.oracle="all"', "ppo.micro_batch_size=1"]
+BASELINE = ["env.alfworld.cache=false", 'env.oracle="all"', "ppo.micro_batch_size=1", "run.threads=1",
+            "rollout.lanes=1", "env.alfworld.workers=0"]
+ONE_THREAD = ["run.threads=1"]  # the optimised recipe with the update on one core, to show what threads add
 
 
 def plain_loop(model, samples, minibatch_size: int, epochs: int, lr: float, pad_id: int, order) -> float:
@@ -153,14 +159,17 @@ def main() -> None:
 
     torch.set_num_threads(1)
     results: dict[str, dict] = {}
-    for name in (["baseline"] if args.baseline else ["baseline", "optimised"]):
+    configs = {"baseline": BASELINE, "optimised": [], "optimised_1thread": ONE_THREAD}
+    for name in (["baseline"] if args.baseline else list(configs)):
         fast = name != "baseline"
         engine.install_engine_caches(True, grammar=fast, reuse=fast)
-        tr = Trainer(args.recipe, [*args.sets, *(BASELINE if name == "baseline" else [])], args.root)
+        tr = Trainer(args.recipe, [*args.sets, *configs[name]], args.root)
         torch.set_num_threads(tr.config.run.threads)
         c = tr.config
         tasks = tr.loop.sample_tasks(tr.pool, c.rollout.groups, c.run.seed, 1)
-        results.setdefault("bare", {})[name] = bare_engine(tr.suite, tasks, c.rollout.group_size)
+        bare = bare_engine(tr.suite, tasks, c.rollout.group_size)  # also gives the trainer's workers time to start
+        if name != "optimised_1thread":
+            results.setdefault("bare", {})[name] = bare
         rows = []
         for it in range(1, args.iterations + 1):
             m = tr.iteration(it)
@@ -170,20 +179,22 @@ def main() -> None:
                   f"store {m['time_store_s']:.2f}s, cache hits {m['cache_hit_rate']:.2f}", flush=True)
         results[name] = breakdown(rows)
         if name == "optimised":
-            results["optimised"]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             # the same rollouts with the cache off (a fresh vector env: no shared cache)
             tr.venv.close()
             tr.suite.config = dataclasses.replace(tr.config.env.alfworld, cache=False)
             tr.venv = tr.suite.make_vector_env(tr.config.rollout.groups * tr.config.rollout.group_size,
                                                oracle=tr.config.env.oracle)
             from milegpo_cli.trainer.rollout import RolloutStats, run_episodes
+            from milegpo_cli.trainer.threads import torch_threads
             stats = RolloutStats()
             tr.loop.seed_everything(1)
             t0 = time.perf_counter()
-            run_episodes(tr.policy, tr.venv, tr.loop.sample_tasks(tr.pool, tr.config.rollout.groups, tr.config.run.seed, 1),
-                         tr.config.rollout.group_size, max_steps=tr.suite.max_steps,
-                         success_reward=tr.config.rollout.success_reward,
-                         invalid_penalty=tr.config.policy.invalid_penalty, stats=stats)
+            with torch_threads(tr.config.rollout.threads):
+                run_episodes(tr.policy, tr.venv, tr.loop.sample_tasks(tr.pool, tr.config.rollout.groups, tr.config.run.seed, 1),
+                             tr.config.rollout.group_size, max_steps=tr.suite.max_steps,
+                             success_reward=tr.config.rollout.success_reward,
+                             invalid_penalty=tr.config.policy.invalid_penalty, stats=stats, lanes=tr.config.rollout.lanes)
             results["optimised"]["rollout_steps_per_s_cache_off"] = stats.steps / (time.perf_counter() - t0)
             # update vs plain on the same samples and minibatch order, interleaved
             tr.loop.seed_everything(1)
@@ -205,6 +216,9 @@ def main() -> None:
             results["update"] = {"update_tokens_per_s": float(np.median(trainer_tps)),
                                  "plain_tokens_per_s": float(np.median(plain_tps))}
         tr.close()
+        if name == "optimised":  # the engine workers have exited: the largest one's peak, once per worker
+            worker_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+            results["optimised"]["peak_rss_mb"] = rss_self + c.env.alfworld.workers * worker_mb
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
     base = results["baseline"]
@@ -220,11 +234,12 @@ def main() -> None:
            "bare_engine_steps_per_s": bare["baseline"],
            "bare_fast_engine_steps_per_s": bare.get("optimised", float("nan")),
            "cache_vs_fast_engine": opt["rollout_steps_per_s"] / bare.get("optimised", float("nan"))}
-    for name in ("baseline", "optimised"):
+    for name in configs:
         for k, v in results.get(name, {}).items():
             out[f"{name}_{k}"] = v
     out.update(upd)
-    out.update(speedup=S, cache_vs_engine=C, update_vs_plain=U)
+    one = results.get("optimised_1thread", {"iteration_s": float("nan")})
+    out.update(speedup=S, cache_vs_engine=C, update_vs_plain=U, speedup_1thread=base["iteration_s"] / one["iteration_s"])
     out = {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
     for k, v in out.items():
         print(f"{k:>42}: {v}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 
 class EnvError(ValueError):
@@ -66,6 +66,16 @@ class VectorEnv(ABC):
     def step(self, actions: Sequence[str | None]) -> list[StepResult | None]:
         """Apply one action per active episode; None for an episode that is already done
         (its result is None too)."""
+
+    def step_async(self, actions: Sequence[str | None]) -> Callable[[], list[StepResult | None]]:
+        """Start ``step(actions)`` and return a function that waits for its results. An engine that
+        steps in worker processes returns at once, so the caller can run the policy on other
+        episodes meanwhile; calls are answered in order. With ``partial_steps`` an active episode
+        may be left out (None) of a call and stepped by a later one. Default: steps now."""
+        results = self.step(actions)
+        return lambda: results
+
+    partial_steps: bool = False  # step() accepts None for an active episode (it is not stepped)
 
     def close(self) -> None:  # noqa: B027 - optional
         pass

@@ -112,9 +112,12 @@ class RolloutConfig:
     group_size: int = 8  # rollouts per task (N)
     success_reward: float = 10.0  # reward of the winning step (verl-agent: 10 x success)
     train_tasks: int = 64  # PPO task pool: a block of the train split's PPO range chosen by the seed (trainer/task_pools.py)
+    lanes: int = 1  # groups split into lanes that take turns: the policy acts for one while the engine steps another (trainer/rollout.py)
+    threads: int = 0  # torch threads while rolling out (training and evaluation); 0 = run.threads. With engine workers, leave them a core
 
     def __post_init__(self) -> None:
-        _positive(self, "groups", "group_size", "train_tasks")
+        _positive(self, "groups", "group_size", "train_tasks", "lanes")
+        _check(self.threads >= 0, "threads", f"must be >= 0, got {self.threads}")
         _check(self.train_tasks >= self.groups, "train_tasks",
                f"must be >= rollout.groups ({self.groups}), got {self.train_tasks}")
 

@@ -127,6 +127,55 @@ def test_group_in_worker_processes_plays_to_a_win(suite, tasks):
     assert sys.argv == argv
 
 
+def _random_walk(ve, tasks, lanes, seed=0):
+    """Two slots per task, random admissible actions, the slots stepped in ``lanes`` (each lane's
+    step is submitted before the previous lane's answer is read). Returns every result."""
+    import random
+
+    rng = random.Random(seed)
+    obs = ve.reset([t for t in tasks for _ in range(2)])
+    cur = {e: o for e, o in enumerate(obs)}
+    lane_of = [list(range(i * len(obs) // lanes, (i + 1) * len(obs) // lanes)) for i in range(lanes)]
+    played = []
+    for _ in range(6):
+        pending = []
+        for slots in lane_of:
+            actions = [None] * len(obs)
+            for e in slots:
+                if e in cur:
+                    actions[e] = rng.choice(cur[e].admissible)
+            pending.append((slots, ve.step_async(actions)))
+        for slots, wait in pending:
+            res = wait()
+            for e in slots:
+                if e in cur:
+                    r = res[e]
+                    played.append((e, r.observation.text, r.observation.admissible, r.observation.state_key, r.done))
+                    cur.pop(e) if r.done else cur.__setitem__(e, r.observation)
+    return played
+
+
+def test_async_steps_in_workers_equal_in_process_steps(tasks):
+    """step_async: two requests in flight in the same worker processes, read in order, give exactly
+    the results of stepping in this process; the transition cache changes nothing."""
+    games = [tasks[0], tasks[1]]
+    local = AlfworldVectorEnv(4, workers=0, cache_size=1000)
+    workers = AlfworldVectorEnv(4, workers=2)
+    try:
+        want = _random_walk(local, games, lanes=2)
+        assert len(want) > 12 and _random_walk(workers, games, lanes=2) == want
+        assert workers._worker_of(0) == workers._worker_of(1) == 0 and workers._worker_of(3) == 1  # blocks
+        # a later ticket read before an earlier one: the earlier answer is kept for it
+        obs = workers.reset([tasks[0]] * 4)
+        first = workers.step_async([obs[0].admissible[0], None, None, None])
+        second = workers.step_async([None, obs[1].admissible[0], None, None])
+        later, earlier = second(), first()
+        assert earlier[0].observation.text == later[1].observation.text and earlier[1] is None and later[0] is None
+    finally:
+        local.close()
+        workers.close()
+
+
 def test_engine_fault_and_timeout_end_the_episode(tasks):
     ve = AlfworldVectorEnv(2, workers=0)
     obs = ve.reset([tasks[0], tasks[1]])

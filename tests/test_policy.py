@@ -240,3 +240,27 @@ def test_packed_scoring_equals_expanded_kv_scoring_and_gradients_flow(cache):
     logp.sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in policy.model.parameters() if p.requires_grad)
     assert logp.shape == ent.shape == (4,) and float(logp[2].detach()) == 0.0  # one candidate: probability 1
+
+
+def test_identical_prompts_are_scored_once_and_draw_their_own_actions(cache, monkeypatch):
+    import milegpo_cli.policy.core as core
+
+    policy = Policy.from_config(make_cfg(), CORPUS, cache, "cpu")
+    rows = []
+
+    def counting(model, prompts, candidates, pad_id=0):  # the real scorer, counting the rows it gets
+        rows.append(len(prompts))
+        return candidate_logprobs(model, prompts, candidates, pad_id)
+
+    monkeypatch.setattr(core, "candidate_logprobs", counting)
+    torch.manual_seed(0)
+    group = policy.act([obs(10)] * 6 + [obs(4)], [[]] * 7, [0] * 7, temperature=100.0)  # near uniform
+    assert rows == [2]  # two distinct prompts scored for seven rollouts
+    prompt = policy.encode(obs(10), [], 0)
+    with torch.no_grad():
+        seq = candidate_logprobs(policy.model, [prompt], [[policy.candidate_ids(a) for a in ADMISSIBLE]], policy.pad_id)[0]
+    dist = candidate_distribution(seq, 100.0)
+    for s in group[:6]:  # each rollout's log-prob is that of its own draw under the shared distribution
+        assert s.action == ADMISSIBLE[s.sample.chosen] and abs(s.logp - float(dist[s.sample.chosen])) < 1e-5
+    assert len({s.action for s in group[:6]}) > 1  # independent draws, not one action copied six times
+    assert group[6].action in ADMISSIBLE[:4]

@@ -217,3 +217,21 @@ def test_warm_start_learns_expert_actions(cache, mode):
         with pytest.raises(PolicyError, match="not admissible"):
             supervised_warm_start(policy, [ExpertStep(obs(0), (), 0, "fly away")], 1, 1e-3)
     assert math.isfinite(m["warmstart_time_s"])
+
+
+def test_length_sorted_micro_batches_give_the_whole_minibatch_update(cache, accelerator):
+    """ppo.micro_batch_size: a minibatch's steps sorted by length into micro-batches (gradients
+    accumulated over the minibatch) take the same optimizer step as one batch of them all."""
+    histories = [[("You see a fridge 1.", "look")] * (i % 4) for i in range(8)]
+    weights = []
+    for micro in (0, 2):
+        policy = policy_of(cache)
+        torch.manual_seed(1)
+        samples = [a.sample for a in policy.act([obs(i) for i in range(8)], histories, [len(h) for h in histories])]
+        assert len({s.num_tokens for s in samples}) > 2
+        torch.manual_seed(2)
+        m = PPOUpdater(policy, dict(PPO, micro_batch_size=micro), accelerator).update(samples, np.linspace(-1, 1, 8))
+        assert m["optimizer_steps"] == 4
+        weights.append([p.detach().clone() for p in policy.model.parameters()])
+    assert all(torch.allclose(a, b, rtol=0.0, atol=1e-5) for a, b in zip(*weights))
+    assert any(not torch.equal(a, b) for a, b in zip(weights[0], policy_of(cache).model.parameters()))  # it moved

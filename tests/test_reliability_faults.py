@@ -131,18 +131,18 @@ def test_alfworld_engine_exception_and_hang_in_workers(alfworld_tasks, fault):
     from envs.alfworld.engine import AlfworldVectorEnv
 
     task = alfworld_tasks[0]
-    # 3 slots on 2 workers: worker 0 steps slots 0 and 2, worker 1 slot 1. The rule is read by the
-    # workers spawned now; their replacements start without it (a transient fault).
+    # 3 slots on 2 workers in blocks: worker 0 steps slots 0 and 1, worker 1 slot 2. The rule is read
+    # by the workers spawned now; their replacements start without it (a transient fault).
     fault("env.step:2:raise")
     venv = AlfworldVectorEnv(3, workers=2, step_timeout_s=2.0)
     os.environ.pop(faults.ENV_VAR)
     try:
         obs = venv.reset([task] * 3)
-        res = venv.step([o.admissible[0] for o in obs])  # 2nd step in worker 0 = slot 2
-        assert "InjectedFault: injected fault at env.step" in res[2].error and "Traceback" in res[2].error
-        assert res[0].error is None and res[1].error is None
-        again = venv.step([res[0].observation.admissible[0], None, None])  # slot 0 goes on, slot 2 is over
-        assert again[0].error is None and again[2] is None
+        res = venv.step([o.admissible[0] for o in obs])  # 2nd step in worker 0 = slot 1
+        assert "InjectedFault: injected fault at env.step" in res[1].error and "Traceback" in res[1].error
+        assert res[0].error is None and res[2].error is None
+        again = venv.step([res[0].observation.admissible[0], None, None])  # slot 0 goes on, slot 1 is over
+        assert again[0].error is None and again[1] is None
     finally:
         venv.close()
 
@@ -154,11 +154,11 @@ def test_alfworld_engine_exception_and_hang_in_workers(alfworld_tasks, fault):
         start = time.perf_counter()
         res = venv.step([o.admissible[0] for o in obs])
         assert time.perf_counter() - start < 20
-        assert all("EngineTimeout" in res[i].error for i in (0, 2))  # worker 0 hung: its slots end
-        assert res[1].error is None and not res[1].done  # worker 1's episode goes on
+        assert all("EngineTimeout" in res[i].error for i in (0, 1))  # worker 0 hung: its slots end
+        assert res[2].error is None and not res[2].done  # worker 1's episode goes on
         obs = venv.reset([task] * 3)  # worker 0 was replaced (worker 1 still holds the rule: not stepped)
-        again = venv.step([obs[0].admissible[0], None, obs[2].admissible[0]])
-        assert again[0].error is None and again[2].error is None
+        again = venv.step([obs[0].admissible[0], obs[1].admissible[0], None])
+        assert again[0].error is None and again[1].error is None
     finally:
         venv.close()
 

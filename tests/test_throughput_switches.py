@@ -55,3 +55,14 @@ def test_switches_give_identical_episodes_advantages_and_weights(tmp_path):
     assert any(a is None for a in labels_fast) and not any(b is None for b in labels_slow)
     assert m_fast["cache_hit_rate"] > 0 and m_slow["cache_hit_rate"] == 0
     assert w_fast.keys() == w_slow.keys() and all(torch.equal(w_fast[k], w_slow[k]) for k in w_fast)
+
+
+def test_engine_workers_stepping_beside_the_policy_change_nothing(tmp_path):
+    """Rollout lanes with the engines in two worker processes (stepping one lane while the policy
+    acts for the other) give the same episodes, advantages and weights as the same lanes in-process."""
+    (tmp_path / "models").mkdir()
+    lanes = ["rollout.lanes=2", "run.threads=2", "rollout.threads=1", "ppo.micro_batch_size=2"]
+    local, _, w_local = _train(tmp_path, [*lanes, "env.alfworld.workers=0"], memo=True)
+    workers, m, w_workers = _train(tmp_path, [*lanes, "env.alfworld.workers=2"], memo=True)
+    assert local[0] == workers[0] and local[2] == workers[2] and local[1] == workers[1]
+    assert m["steps"] > 0 and all(torch.equal(w_local[k], w_workers[k]) for k in w_local)

@@ -11,7 +11,7 @@ from envs.base import VectorEnv
 from envs.webshop import WebshopConfig, WebshopSuite
 from milegpo_cli.policy import Policy
 from milegpo_cli.trainer import loop
-from milegpo_cli.trainer.rollout import INVALID_ACTION, expert_walkthroughs, run_episodes
+from milegpo_cli.trainer.rollout import INVALID_ACTION, expert_walkthroughs, lane_slots, run_episodes
 
 torch.set_num_threads(1)
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64,
@@ -118,3 +118,24 @@ def test_expert_walkthroughs_follow_the_oracle(suite):
 def test_derived_seeds_are_pure_and_distinct():
     assert loop.derive_seed(0, "iteration", 1) == loop.derive_seed(0, "iteration", 1)
     assert len({loop.derive_seed(s, "iteration", i) for s in range(3) for i in range(50)}) == 150
+
+
+def test_lanes_split_groups_into_contiguous_blocks():
+    assert lane_slots(4, 4, 2) == [list(range(8)), list(range(8, 16))]
+    assert lane_slots(3, 2, 2) == [[0, 1], [2, 3, 4, 5]]
+    assert lane_slots(1, 3, 2) == [[0, 1, 2]]  # never an empty lane
+    assert lane_slots(2, 2, 1) == [[0, 1, 2, 3]]
+
+
+def test_lanes_need_an_env_that_steps_a_subset(suite, models):
+    """WebShop steps all its episodes in one call (partial_steps is False): lanes fall back to one,
+    so the episodes are those of a single lane."""
+    policy = make_policy(suite, models)
+    tasks = suite.tasks("train", 2, seed=1)
+    played = []
+    for lanes in (1, 2):
+        torch.manual_seed(0)
+        eps = run_episodes(policy, suite.make_vector_env(6, oracle=False), tasks, 3, max_steps=suite.max_steps,
+                           success_reward=10.0, invalid_penalty=0.1, lanes=lanes)
+        played.append([(e.actions, e.logps) for e in eps])
+    assert played[0] == played[1]

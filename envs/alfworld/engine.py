@@ -2,14 +2,16 @@
 
 :class:`GameEnv` plays one episode at a time on one loaded game, reloading only when the game
 changes (a group's N rollouts of one task reset without reloading). :class:`AlfworldVectorEnv`
-spreads N slots over worker processes (slot i -> worker i mod W); each worker steps its slots in
-turn, so a group of 8 on W cores runs about W times faster than serially (docs/envs.md).
+spreads N slots over W worker processes in contiguous blocks; each worker steps its slots in turn,
+and ``step_async`` returns while they do, so the policy can act for some episodes while the
+engine steps others (trainer/rollout.py, lanes; docs/performance.md).
 
-Three process-wide memo tables make the engine cheaper without changing what it computes (measured
-in bench/env_speed.py): the PDDL -> SAS translation of a problem (done twice per reset by
-``PddlState``), the parse of grammar strings and the parse of grammar conditions (textworld
-parses every rule text and every condition with tatsu on each derivation). All are keyed on their
-full input text. A fourth shortcut copies derivation contexts shallowly (textworld deep-copies the
+Four process-wide memo tables make the engine cheaper without changing what it computes (measured
+in bench/env_speed.py, bench/train_speed.py): the PDDL -> SAS translation of a problem (done twice
+per reset by ``PddlState``), the parse of a game's logic document (its actions and grammar, parsed
+at every load: the N slots of a group load the same game), the parse of grammar strings and the
+parse of grammar conditions (textworld parses every rule text and every condition with tatsu on
+each derivation). All are keyed on their full input text. Another shortcut copies derivation contexts shallowly (textworld deep-copies the
 entities of every context it forks, though the grammar only reads them).
 
 On top of them, an exact transition cache (:class:`TransitionCache`, ``env.alfworld.cache``):
@@ -31,7 +33,7 @@ import random
 import sys
 import traceback
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -39,6 +41,7 @@ os.environ.setdefault("ALFWORLD_DATA", os.path.abspath(os.path.join("runs", "alf
 
 import fast_downward  # noqa: E402
 import textworld  # noqa: E402
+import textworld.envs.pddl.logic as _pddl_logic  # noqa: E402
 import textworld.envs.pddl.textgen as _textgen  # noqa: E402
 from alfworld.agents.environment.alfred_tw_env import (  # noqa: E402
     AlfredDemangler, AlfredExpert, AlfredInfos)
@@ -61,6 +64,7 @@ class EngineError(RuntimeError):
 
 _pddl2sas = fast_downward.pddl2sas
 _parse_and_convert = _textgen._parse_and_convert
+_logic_parse = _pddl_logic._parse_and_convert
 
 
 @functools.lru_cache(maxsize=64)
@@ -85,6 +89,19 @@ def _parse_memo(text, rule_name="symbols", **kwargs):
     if kwargs.get("trace"):
         return _parse_and_convert(text, rule_name=rule_name, **kwargs)
     return copy.deepcopy(_parse_cached(text, rule_name))  # callers attach contexts to the symbols
+
+
+@functools.lru_cache(maxsize=64)
+def _logic_cached(text: str, rule_name: str):
+    return _logic_parse(text, rule_name=rule_name)
+
+
+def _logic_memo(text, rule_name="pddlStart", **kwargs):
+    """The parse of a game's logic document (its actions and grammar), once per game text: the N
+    slots of a group load the same game."""
+    if kwargs:
+        return _logic_parse(text, rule_name=rule_name, **kwargs)
+    return copy.deepcopy(_logic_cached(text, rule_name))  # GameLogic keeps (and may change) what it gets
 
 
 _parse_query = _textgen.Rule.parse_conjunctive_query.__func__
@@ -116,7 +133,8 @@ _REUSE_ENGINES = True  # GameEnv._load: load the next game into the slot's engin
 def install_engine_caches(enabled: bool = True, grammar: bool | None = None, reuse: bool | None = None) -> None:
     """Memo tables on (``enabled``) or off; ``grammar`` (default: ``enabled``) for the two grammar
     shortcuts alone: the condition-parse memo and the shallow derivation-context copies; ``reuse``
-    (default: ``enabled``): a slot loads its next game into its engine instead of starting a new one."""
+    (default: ``enabled``) for cheaper game loads: a slot loads its next game into its engine instead
+    of starting a new one, and a game's logic document is parsed once (the logic memo)."""
     global _REUSE_ENGINES
     fast_downward.pddl2sas = _pddl2sas_memo if enabled else _pddl2sas
     _textgen._parse_and_convert = _parse_memo if enabled else _parse_and_convert
@@ -124,6 +142,7 @@ def install_engine_caches(enabled: bool = True, grammar: bool | None = None, reu
     _textgen.Rule.parse_conjunctive_query = classmethod(_query_memo if grammar else _parse_query)
     _textgen.copy_context = _copy_context_shallow if grammar else _copy_context
     _REUSE_ENGINES = enabled if reuse is None else reuse
+    _pddl_logic._parse_and_convert = _logic_memo if _REUSE_ENGINES else _logic_parse
 
 
 install_engine_caches()
@@ -467,11 +486,13 @@ def _worker(conn, experts, max_steps, cache_size) -> None:
 
 
 class AlfworldVectorEnv(VectorEnv):
-    """num_envs episode slots; workers=0 steps them in this process. The expert runs in the first
+    """num_envs episode slots; workers=0 steps them in this process, else in worker processes
+    (slots in contiguous blocks; ``step_async`` returns while they step). The expert runs in the first
     ``expert_slots`` slots (None: all); ``cache_size`` > 0 turns the transition cache on (one per
     process, shared by its slots)."""
 
     RESET_TIMEOUT_S = 120.0
+    partial_steps = True
 
     def __init__(self, num_envs: int, *, expert: str | None = None, max_steps: int = 50,
                  workers: int = -1, step_timeout_s: float = 30.0, expert_slots: int | None = None,
@@ -488,6 +509,10 @@ class AlfworldVectorEnv(VectorEnv):
         self._local: dict[int, GameEnv] = {}
         self._procs: list = [None] * self.workers
         self._conns: list = [None] * self.workers
+        self._gen = [0] * self.workers  # replacements of each worker (a replaced one lost its queue)
+        self._queued: list[deque] = [deque() for _ in range(self.workers)]  # ticket ids each worker owes
+        self._answers: dict[tuple[int, int], list] = {}  # (ticket id, worker) -> answer read early
+        self._sent = 0
         self._ctx = mp.get_context("spawn")
         for w in range(self.workers):
             self._spawn(w)
@@ -506,9 +531,16 @@ class AlfworldVectorEnv(VectorEnv):
         proc.start()
         child.close()
         self._procs[w], self._conns[w] = proc, parent
+        self._gen[w] += 1
+        self._queued[w].clear()
 
-    def _run(self, cmd: str, items: list[tuple[int, str]], timeout: float | None) -> dict[int, object]:
-        """Send each worker its slots' items, gather {slot: result}; a hung worker is replaced."""
+    def _worker_of(self, slot: int) -> int:
+        """Slots go to workers in contiguous blocks, so the lanes of a pipelined rollout
+        (trainer/rollout.py) step in different processes."""
+        return slot * self.workers // self._n
+
+    def _submit(self, cmd: str, items: list[tuple[int, str]], timeout: float | None) -> dict:
+        """Send each worker its slots' items (in-process: run them now); a ticket for :meth:`_collect`."""
         if self.workers == 0:
             out = {}
             for slot, arg in items:
@@ -518,24 +550,40 @@ class AlfworldVectorEnv(VectorEnv):
                 except Exception:  # noqa: BLE001
                     env.close()
                     out[slot] = EngineError(traceback.format_exc())
-            return out
+            return {"done": out}
         per: dict[int, list] = {}
         for slot, arg in items:
-            per.setdefault(slot % self.workers, []).append((slot, arg))
+            per.setdefault(self._worker_of(slot), []).append((slot, arg))
         for w, its in per.items():
             self._conns[w].send((cmd, its))
+        self._sent += 1
+        for w in per:
+            self._queued[w].append(self._sent)
+        return {"id": self._sent, "per": per, "gen": {w: self._gen[w] for w in per}, "cmd": cmd, "timeout": timeout}
+
+    def _collect(self, ticket: dict) -> dict[int, object]:
+        """{slot: result} of a submitted ticket; each worker answers its requests in order, so the
+        answers to older tickets met on the way are kept for them. A hung worker is replaced."""
+        if "done" in ticket:
+            return ticket["done"]
         out = {}
-        for w, its in per.items():
-            limit = None if not timeout else timeout * len(its)
+        for w, its in ticket["per"].items():
+            limit = None if not ticket["timeout"] else ticket["timeout"] * len(its)
             try:
-                if not self._conns[w].poll(limit):
-                    raise TimeoutError(f"EngineTimeout: worker {w} gave no answer to {cmd} within {limit:.1f} s")
-                for (slot, _), res in zip(its, self._conns[w].recv()):
+                if self._gen[w] != ticket["gen"][w]:
+                    raise EOFError(f"worker {w} was replaced before it answered")
+                while (ticket["id"], w) not in self._answers:
+                    if not self._conns[w].poll(limit):
+                        raise TimeoutError(f"EngineTimeout: worker {w} gave no answer to {ticket['cmd']} "
+                                           f"within {limit:.1f} s")
+                    self._answers[(self._queued[w].popleft(), w)] = self._conns[w].recv()
+                for (slot, _), res in zip(its, self._answers.pop((ticket["id"], w))):
                     out[slot] = res
             except (TimeoutError, EOFError, OSError) as e:  # hung or dead worker: replace it
-                self._procs[w].kill()
-                self._procs[w].join()
-                self._spawn(w)
+                if self._gen[w] == ticket["gen"][w]:
+                    self._procs[w].kill()
+                    self._procs[w].join()
+                    self._spawn(w)
                 for slot, _ in its:
                     out[slot] = EngineError(f"{type(e).__name__}: {e}")
         return out
@@ -544,7 +592,7 @@ class AlfworldVectorEnv(VectorEnv):
         if len(tasks) > self._n:
             raise ValueError(f"reset: {len(tasks)} tasks for {self._n} env slots")
         items = [(i, t.payload["gamefile"]) for i, t in enumerate(tasks)]
-        res = self._run("reset", items, self.RESET_TIMEOUT_S)
+        res = self._collect(self._submit("reset", items, self.RESET_TIMEOUT_S))
         errors = [r for r in res.values() if isinstance(r, Exception)]
         if errors:
             raise errors[0]
@@ -554,18 +602,24 @@ class AlfworldVectorEnv(VectorEnv):
         return [res[i] for i in range(len(tasks))]
 
     def step(self, actions: Sequence[str | None]) -> list[StepResult | None]:
+        return self.step_async(actions)()
+
+    def step_async(self, actions: Sequence[str | None]):
         items = [(i, a) for i, a in enumerate(actions) if a is not None and self._active[i]]
-        res = self._run("step", items, self.step_timeout_s or None)
-        out: list[StepResult | None] = [None] * len(actions)
-        for i, r in res.items():
-            if isinstance(r, Exception):
-                r = StepResult(observation=self._last[i], reward=0.0, done=True, won=False, score=0.0,
-                               invalid=False, error=str(r))
-            self._last[i] = r.observation
-            self._active[i] = not r.done
-            self.invalid_count += int(r.invalid)
-            out[i] = r
-        return out
+        ticket = self._submit("step", items, self.step_timeout_s or None)
+
+        def wait() -> list[StepResult | None]:
+            out: list[StepResult | None] = [None] * len(actions)
+            for i, r in self._collect(ticket).items():
+                if isinstance(r, Exception):
+                    r = StepResult(observation=self._last[i], reward=0.0, done=True, won=False, score=0.0,
+                                   invalid=False, error=str(r))
+                self._last[i] = r.observation
+                self._active[i] = not r.done
+                self.invalid_count += int(r.invalid)
+                out[i] = r
+            return out
+        return wait
 
     def close(self) -> None:
         for env in self._local.values():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from milegpo_cli.credit.config import canonical_drop
 from milegpo_cli.errors import RunNotFound
 from milegpo_cli.experiments.diagnostics import BASELINES, DEFAULT_ABLATIONS
 from milegpo_cli.experiments.runs import ExperimentError
+from milegpo_cli.trainer.threads import MAX_THREADS_ENV
 
 
 @dataclass(frozen=True)
@@ -220,8 +222,10 @@ def _supervise(store, queue: list[tuple[Member, int]], running: list, parallel: 
             log_dir.mkdir(parents=True, exist_ok=True)
             log = open(log_dir / f"run{rid}.log", "ab")
             cmd = [sys.executable, "-m", "milegpo_cli", "train", "--resume", str(rid), "--db", store.url]
-            # its own session: a Ctrl-C reaches this process only, and :func:`_stop` signals each member once
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            # its own session: a Ctrl-C reaches this process only, and :func:`_stop` signals each member once;
+            # its share of the cores (trainer/threads.py)
+            env = {**os.environ, MAX_THREADS_ENV: str(max(1, (os.cpu_count() or 1) // parallel))}
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
             running.append((m, rid, proc, log))
             console.print(f"started {m.label} (run {rid}), log {log.name}")
         time.sleep(1.0)

@@ -166,8 +166,18 @@ class Policy:
             if not o.admissible:
                 raise PolicyError(f"act: observation of state {o.state_key!r} has no admissible actions")
         cands = [[self.candidate_ids(a) for a in o.admissible] for o in observations]
+        # rollouts of a group often share a state and its history (always at the first step): score
+        # each distinct prompt once; every rollout still draws its own action
+        keys = [(tuple(p), o.admissible) for o, p in zip(observations, prompts)]
+        first: dict = {}
+        for i, key in enumerate(keys):
+            first.setdefault(key, i)
+        rows = list(first.values())
+        scored = dict(zip(first, candidate_logprobs(self.model, [prompts[i] for i in rows], [cands[i] for i in rows],
+                                                    self.pad_id)))
         out = []
-        for o, p, c, seq in zip(observations, prompts, cands, candidate_logprobs(self.model, prompts, cands, self.pad_id)):
+        for o, p, c, key in zip(observations, prompts, cands, keys):
+            seq = scored[key]
             dist = candidate_distribution(seq, temp, [len(x) for x in c] if self.length_norm else None)
             k = int(dist.argmax()) if greedy else int(torch.multinomial(dist.exp(), 1))
             logp = float(dist[k])

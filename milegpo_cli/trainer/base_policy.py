@@ -115,12 +115,11 @@ def base_metrics(folder: str | Path) -> dict[str, float]:
 
 def build_for_recipe(config, log=print) -> tuple[Path, dict[str, float]]:
     """`milegpo policy build-base`: the recipe's base policy folder (built if missing) and its metrics."""
-    import torch
-
     from envs.registry import make_suite
     from milegpo_cli.policy.hf import resolve_device
+    from milegpo_cli.trainer.threads import set_threads
 
-    torch.set_num_threads(config.run.threads)
+    set_threads(config.run.threads)
     env = config.env
     suite = make_suite(env.name, alfworld=env.alfworld, webshop=env.webshop, max_steps=env.max_steps)
     try:

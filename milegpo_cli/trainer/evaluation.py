@@ -22,6 +22,7 @@ import torch
 
 from milegpo_cli.intervals import wilson_interval
 from milegpo_cli.trainer.rollout import Episode, RolloutStats, expert_walkthroughs, run_episodes
+from milegpo_cli.trainer.threads import torch_threads
 
 EVAL_TASK_SEED = 0  # the fixed evaluation task lists do not depend on the run seed
 # evaluation episodes played at a time: fixed, so that the evaluation's random draws and the probe's
@@ -70,13 +71,13 @@ def run_evaluation(config, policy, venv, suite, split: str, episodes: int, seed:
     tasks = eval_tasks(suite, split, episodes)
     played: list[Episode] = []
     stats = RolloutStats()
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), torch_threads(config.rollout.threads):
         torch.manual_seed(seed)
         for start in range(0, len(tasks), venv.num_envs):
             chunk = run_episodes(policy, venv, tasks[start:start + venv.num_envs], 1, max_steps=suite.max_steps,
                                  success_reward=config.rollout.success_reward,
                                  invalid_penalty=config.policy.invalid_penalty, greedy=config.eval.greedy,
-                                 temperature=config.eval.temperature, stats=stats)
+                                 temperature=config.eval.temperature, stats=stats, lanes=config.rollout.lanes)
             for ep in chunk:
                 ep.group += start
             played.extend(chunk)

@@ -46,6 +46,7 @@ from milegpo_cli.trainer.distributed import (broadcast_object, gather_iteration,
 from milegpo_cli.trainer.checkpoint import find_checkpoint, latest_checkpoint, save_checkpoint, set_rng_state
 from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe, episode_metrics, format_success, run_evaluation
 from milegpo_cli.trainer.rollout import INVALID_ACTION, Episode, RolloutStats, expert_walkthroughs, run_episodes
+from milegpo_cli.trainer.threads import set_threads, torch_threads
 from milegpo_cli.trainer.task_pools import ppo_pool, warmstart_tasks
 
 
@@ -145,9 +146,10 @@ def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite
     tasks = shard(sample_tasks(pool, config.rollout.groups * world_size(acc), config.run.seed, iteration), acc)
     stats = RolloutStats()
     t0 = time.perf_counter()
-    episodes = run_episodes(policy, venv, tasks, config.rollout.group_size, max_steps=suite.max_steps,
-                            success_reward=config.rollout.success_reward,
-                            invalid_penalty=config.policy.invalid_penalty, stats=stats)
+    with torch_threads(config.rollout.threads):
+        episodes = run_episodes(policy, venv, tasks, config.rollout.group_size, max_steps=suite.max_steps,
+                                success_reward=config.rollout.success_reward,
+                                invalid_penalty=config.policy.invalid_penalty, stats=stats, lanes=config.rollout.lanes)
     for e in episodes:  # group numbers unique over ranks
         e.group += group_offset(acc, config.rollout.groups)
     t_rollout = time.perf_counter() - t0
@@ -367,7 +369,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
         row = store.get_run(resume_run)
         run_id, config = int(row["id"]), Config.from_dict(row["config"])
         ckpt = latest_checkpoint(checkpoint_root(config, run_id))
-    torch.set_num_threads(config.run.threads)
+    set_threads(config.run.threads)
     accelerator = make_accelerator(config)
     main = accelerator.is_main_process  # only the main process writes the store, MLflow and checkpoints
     if resume_run is not None:
@@ -507,7 +509,7 @@ def evaluate(store, run_id: int | str, split: str, episodes: int, checkpoint: in
     if episodes < 1:
         raise ValueError(f"episodes: must be >= 1, got {episodes}")
     ckpt = find_checkpoint(checkpoint_root(config, rid), checkpoint)
-    torch.set_num_threads(config.run.threads)
+    set_threads(config.run.threads)
     suite = build_suite(config)
     venv = suite.make_vector_env(min(episodes, 32), oracle=True)
     try:

@@ -251,6 +251,8 @@ class PPOUpdater:
                 self.optimizer.zero_grad(set_to_none=True)
                 ok = True
                 mb_kl, mb_n = 0.0, 0
+                if self.micro_batch_size < len(mb):  # micro-batches of similar lengths: little padding
+                    mb = sorted(mb, key=lambda j: samples[j].num_tokens)
                 for k in range(0, len(mb), self.micro_batch_size):
                     idx = mb[k:k + self.micro_batch_size]
                     chunk = [samples[j] for j in idx]

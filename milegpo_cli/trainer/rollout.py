@@ -10,6 +10,7 @@ it errored: it is stored but left out of credit assignment and the update.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -57,10 +58,23 @@ class RolloutStats:
     cache_hits: int = 0  # steps answered by the environment's transition cache (ALFWorld)
 
 
+def lane_slots(num_groups: int, group_size: int, lanes: int) -> list[list[int]]:
+    """The slots of each lane: groups split into ``lanes`` contiguous blocks (no empty lane)."""
+    lanes = max(1, min(lanes, num_groups))
+    bounds = [lane * num_groups // lanes for lane in range(lanes + 1)]
+    return [list(range(bounds[lane] * group_size, bounds[lane + 1] * group_size)) for lane in range(lanes)]
+
+
 def run_episodes(policy, venv: VectorEnv, tasks: Sequence[Task], group_size: int, *, max_steps: int,
                  success_reward: float, invalid_penalty: float, greedy: bool = False,
-                 temperature: float | None = None, stats: RolloutStats | None = None) -> list[Episode]:
-    """Play ``group_size`` episodes of each task, batched; episodes ordered task by task."""
+                 temperature: float | None = None, stats: RolloutStats | None = None, lanes: int = 1) -> list[Episode]:
+    """Play ``group_size`` episodes of each task, batched; episodes ordered task by task.
+
+    With ``lanes`` > 1 (and an env that steps a subset of its episodes) the groups are split into
+    lanes that take turns: the policy acts for one lane while the engine steps the others
+    (``VectorEnv.step_async``; in worker processes that is on another core). Each lane makes one
+    batched policy call per step; actions are drawn lane after lane, step by step, so the order
+    of random draws is that of one call over all episodes."""
     if group_size < 1:
         raise ValueError(f"group_size: must be >= 1, got {group_size}")
     if len(tasks) * group_size > venv.num_envs:
@@ -72,8 +86,38 @@ def run_episodes(policy, venv: VectorEnv, tasks: Sequence[Task], group_size: int
     obs = venv.reset(env_tasks)
     stats.env_s += time.perf_counter() - t0
     histories: list[list[tuple[str, str]]] = [[] for _ in env_tasks]
-    active = list(range(len(env_tasks)))
-    while active:
+
+    def record(e: int, res: StepResult | None) -> bool:
+        """Record episode ``e``'s step result (reward convention of the module docstring); True when it is over."""
+        ep = episodes[e]
+        if res is None:
+            res = StepResult(obs[e], 0.0, True, False, 0.0, error="environment returned no result for an active episode")
+        invalid = bool(res.invalid) or ep.actions[-1] is None
+        ep.won, ep.score, done = bool(res.won), float(res.score), bool(res.done)
+        ep.done = done
+        reward = success_reward if (done and res.won) else 0.0
+        if res.error is not None:
+            ep.error, done = res.error, True
+        histories[e].append((obs[e].text, ep.actions[-1] or ""))
+        obs[e] = res.observation
+        ep.rewards.append(reward - (invalid_penalty if invalid else 0.0))
+        ep.invalid.append(invalid)
+        ep.subgoals.append(tuple(res.subgoals))
+        ep.final_state = res.observation.state_key
+        stats.steps += 1
+        stats.cache_hits += bool(res.info.get("cache_hit"))
+        return done or ep.length >= max_steps  # truncated (the engine may count no-op steps differently)
+
+    turns = deque((slots, None) for slots in lane_slots(len(tasks), group_size, lanes if venv.partial_steps else 1))
+    while turns:  # (a lane's active slots, its step in flight or None)
+        active, pending = turns.popleft()
+        if pending is not None:
+            t0 = time.perf_counter()
+            results = pending()
+            stats.env_s += time.perf_counter() - t0
+            active = [e for e in active if not record(e, results[e])]
+        if not active:
+            continue
         t0 = time.perf_counter()
         acts = policy.act([obs[e] for e in active], [histories[e] for e in active],
                           [episodes[e].length for e in active], greedy=greedy, temperature=temperature)
@@ -89,32 +133,8 @@ def run_episodes(policy, venv: VectorEnv, tasks: Sequence[Task], group_size: int
             ep.oracle.append(sample.action in o.oracle_actions if o.oracle_actions else None)
             commands[e] = sample.action if sample.action is not None else INVALID_ACTION
         t0 = time.perf_counter()
-        results = venv.step(commands)
+        turns.append((active, venv.step_async(commands)))
         stats.env_s += time.perf_counter() - t0
-        still = []
-        for e in active:
-            ep, res = episodes[e], results[e]
-            if res is None:
-                res = StepResult(obs[e], 0.0, True, False, 0.0, error="environment returned no result for an active episode")
-            invalid = bool(res.invalid) or ep.actions[-1] is None
-            ep.won, ep.score, done = bool(res.won), float(res.score), bool(res.done)
-            ep.done = done
-            reward = success_reward if (done and res.won) else 0.0
-            if res.error is not None:
-                ep.error, done = res.error, True
-            histories[e].append((obs[e].text, ep.actions[-1] or ""))
-            obs[e] = res.observation
-            ep.rewards.append(reward - (invalid_penalty if invalid else 0.0))
-            ep.invalid.append(invalid)
-            ep.subgoals.append(tuple(res.subgoals))
-            ep.final_state = res.observation.state_key
-            stats.steps += 1
-            stats.cache_hits += bool(res.info.get("cache_hit"))
-            if not done and ep.length >= max_steps:
-                done = True  # truncated (the engine may count no-op steps differently)
-            if not done:
-                still.append(e)
-        active = still
     return episodes
 
 
