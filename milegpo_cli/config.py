@@ -129,7 +129,7 @@ class PPOConfig:
     warmup_iterations: int = 0
     epochs: int = 1
     minibatch_size: int = 64  # steps per optimiser step
-    micro_batch_size: int = 0  # steps per forward/backward within a minibatch (gradient accumulation); 0 = minibatch_size
+    micro_batch_size: int = 0  # steps per forward/backward within a minibatch (gradient accumulation; steps sorted by length); 0 = minibatch_size
     clip: float = 0.2
     clip_c: float = 3.0  # dual-clip constant
     kl_coef: float = 0.0

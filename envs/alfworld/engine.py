@@ -11,8 +11,9 @@ in bench/env_speed.py, bench/train_speed.py): the PDDL -> SAS translation of a p
 per reset by ``PddlState``), the parse of a game's logic document (its actions and grammar, parsed
 at every load: the N slots of a group load the same game), the parse of grammar strings and the
 parse of grammar conditions (textworld parses every rule text and every condition with tatsu on
-each derivation). All are keyed on their full input text. Another shortcut copies derivation contexts shallowly (textworld deep-copies the
-entities of every context it forks, though the grammar only reads them).
+each derivation). All are keyed on their full input text. Another shortcut copies derivation
+contexts shallowly (textworld deep-copies the entities of every context it forks, though the grammar
+only reads them).
 
 On top of them, an exact transition cache (:class:`TransitionCache`, ``env.alfworld.cache``):
 (game, expert, full engine state, command) -> (feedback text, next state), where the full engine
