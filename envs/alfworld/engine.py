@@ -486,6 +486,19 @@ def _worker(conn, experts, max_steps, cache_size) -> None:
         conn.send(out)
 
 
+@dataclass
+class _Ticket:
+    """A request sent to the workers: its id, each worker's items and that worker's generation then;
+    ``done`` holds the results of a request run in-process."""
+
+    id: int
+    cmd: str
+    timeout: float | None
+    per: dict[int, list]
+    gen: dict[int, int]
+    done: dict[int, object] | None = None
+
+
 class AlfworldVectorEnv(VectorEnv):
     """num_envs episode slots; workers=0 steps them in this process, else in worker processes
     (slots in contiguous blocks; ``step_async`` returns while they step). The expert runs in the first
@@ -540,7 +553,7 @@ class AlfworldVectorEnv(VectorEnv):
         (trainer/rollout.py) step in different processes."""
         return slot * self.workers // self._n
 
-    def _submit(self, cmd: str, items: list[tuple[int, str]], timeout: float | None) -> dict:
+    def _submit(self, cmd: str, items: list[tuple[int, str]], timeout: float | None) -> _Ticket:
         """Send each worker its slots' items (in-process: run them now); a ticket for :meth:`_collect`."""
         if self.workers == 0:
             out = {}
@@ -551,7 +564,7 @@ class AlfworldVectorEnv(VectorEnv):
                 except Exception:  # noqa: BLE001
                     env.close()
                     out[slot] = EngineError(traceback.format_exc())
-            return {"done": out}
+            return _Ticket(0, cmd, timeout, {}, {}, done=out)
         per: dict[int, list] = {}
         for slot, arg in items:
             per.setdefault(self._worker_of(slot), []).append((slot, arg))
@@ -560,28 +573,28 @@ class AlfworldVectorEnv(VectorEnv):
         self._sent += 1
         for w in per:
             self._queued[w].append(self._sent)
-        return {"id": self._sent, "per": per, "gen": {w: self._gen[w] for w in per}, "cmd": cmd, "timeout": timeout}
+        return _Ticket(self._sent, cmd, timeout, per, {w: self._gen[w] for w in per})
 
-    def _collect(self, ticket: dict) -> dict[int, object]:
+    def _collect(self, ticket: _Ticket) -> dict[int, object]:
         """{slot: result} of a submitted ticket; each worker answers its requests in order, so the
         answers to older tickets met on the way are kept for them. A hung worker is replaced."""
-        if "done" in ticket:
-            return ticket["done"]
+        if ticket.done is not None:
+            return ticket.done
         out = {}
-        for w, its in ticket["per"].items():
-            limit = None if not ticket["timeout"] else ticket["timeout"] * len(its)
+        for w, its in ticket.per.items():
+            limit = None if not ticket.timeout else ticket.timeout * len(its)
             try:
-                if self._gen[w] != ticket["gen"][w]:
+                if self._gen[w] != ticket.gen[w]:
                     raise EOFError(f"worker {w} was replaced before it answered")
-                while (ticket["id"], w) not in self._answers:
+                while (ticket.id, w) not in self._answers:
                     if not self._conns[w].poll(limit):
-                        raise TimeoutError(f"EngineTimeout: worker {w} gave no answer to {ticket['cmd']} "
+                        raise TimeoutError(f"EngineTimeout: worker {w} gave no answer to {ticket.cmd} "
                                            f"within {limit:.1f} s")
                     self._answers[(self._queued[w].popleft(), w)] = self._conns[w].recv()
-                for (slot, _), res in zip(its, self._answers.pop((ticket["id"], w))):
+                for (slot, _), res in zip(its, self._answers.pop((ticket.id, w))):
                     out[slot] = res
             except (TimeoutError, EOFError, OSError) as e:  # hung or dead worker: replace it
-                if self._gen[w] == ticket["gen"][w]:
+                if self._gen[w] == ticket.gen[w]:
                     self._procs[w].kill()
                     self._procs[w].join()
                     self._spawn(w)
