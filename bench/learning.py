@@ -17,7 +17,9 @@ finished run of the same recipe, overrides and seed in that store is reused (the
 ``--experiment`` / ``--algo`` read the runs of one method of an experiment in an existing store
 (e.g. a results store) instead of training; each seed must then be there exactly once.
 Pooled gains carry two intervals: the percentile bootstrap over (seed, task) pairs and a Student t
-interval over the per-seed mean gains, which also counts the seed-to-seed spread.
+interval over the per-seed mean gains, which also counts the seed-to-seed spread. The probe's gain is
+paired the same way over (seed, probe state) pairs: every evaluation row stores each probe state's
+log-probability (``probe_expert_logp_states``).
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from scipy import stats  # noqa: E402
 
 from milegpo_cli.store import RunStore  # noqa: E402
 from milegpo_cli.intervals import wilson_interval  # noqa: E402
+from milegpo_cli.trainer.evaluation import PROBE_STATE_LOGPS  # noqa: E402
 
 MILEGPO = os.environ.get("MILEGPO", str(ROOT / ".venv" / "bin" / "milegpo"))
 RNG = np.random.default_rng(0)
@@ -92,6 +95,13 @@ def outcomes(store, evaluation: dict) -> dict[str, tuple[float, float]]:
             for e in store.episodes(evaluation["run_id"], evaluation_id=evaluation["id"])}
 
 
+def probe_diffs(start: dict, final: dict) -> list[float]:
+    """Per probe state: final minus start log-probability of the expert's action (the same states, in
+    the same order, at both evaluations of a run); [] for runs stored before the per-state values."""
+    a, b = start["metrics"].get(PROBE_STATE_LOGPS), final["metrics"].get(PROBE_STATE_LOGPS)
+    return [y - x for x, y in zip(a, b)] if a and b and len(a) == len(b) else []
+
+
 def run_gain(store, run: dict) -> dict:
     """Per split: start vs final evaluation (success, score, probe), paired over tasks."""
     evals = [e for e in store.evaluations(run["id"]) if e["checkpoint"] is None]
@@ -114,6 +124,7 @@ def run_gain(store, run: dict) -> dict:
             "success_diffs": [b[t][0] - a[t][0] for t in tasks], "score_diffs": [b[t][1] - a[t][1] for t in tasks],
             "probe_start": start["metrics"].get("probe_expert_logp"), "probe_final": final["metrics"].get("probe_expert_logp"),
             "probe_acc_start": start["metrics"].get("probe_expert_acc"), "probe_acc_final": final["metrics"].get("probe_expert_acc"),
+            "probe_diffs": probe_diffs(start, final),
         }
     return out
 
@@ -130,6 +141,11 @@ def summarise(per_seed: dict[int, dict]) -> dict:
                          "score_gain_seed_t_ci": seed_t_interval([r["score_diffs"] for r in rows]),
                          "probe_gain": [r["probe_final"] - r["probe_start"] for r in rows
                                         if r["probe_final"] is not None and r["probe_start"] is not None]}
+        if all(r["probe_diffs"] for r in rows):  # paired over (seed, probe state), like success over (seed, task)
+            pd = np.concatenate([r["probe_diffs"] for r in rows])
+            pooled[split].update({"probe_pairs": int(len(pd)), "probe_gain_mean": float(pd.mean()),
+                                  "probe_gain_ci": paired_interval(pd),
+                                  "probe_gain_seed_t_ci": seed_t_interval([r["probe_diffs"] for r in rows])})
     return pooled
 
 
@@ -198,7 +214,10 @@ def main() -> None:
         lines.append(f"- pooled {split}: success gain {p['success_gain']:+.3f} [{lo:+.3f}, {hi:+.3f}] over {p['pairs']} "
                      f"(seed, task) pairs, {_interval(p['success_gain_seed_t_ci'])} over seeds (t); score gain "
                      f"{p['score_gain']:+.3f} [{slo:+.3f}, {shi:+.3f}], {_interval(p['score_gain_seed_t_ci'])} over "
-                     f"seeds; probe logp gain per seed {', '.join('%+.3f' % g for g in p['probe_gain'])}")
+                     f"seeds; probe logp gain per seed {', '.join('%+.3f' % g for g in p['probe_gain'])}"
+                     + (f", pooled {p['probe_gain_mean']:+.3f} {_interval(p['probe_gain_ci'])} over {p['probe_pairs']} "
+                        f"(seed, state) pairs, {_interval(p['probe_gain_seed_t_ci'])} over seeds (t)"
+                        if "probe_gain_mean" in p else ""))
     md = out.with_suffix(".md")
     md.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

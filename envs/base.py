@@ -86,6 +86,9 @@ class EnvSuite(ABC):
 
     name: str
     max_steps: int
+    # commands that change nothing in the world and tell the agent nothing new (ALFWorld's "look").
+    # The expert-action probe leaves out expert steps that issue them.
+    no_op_commands: frozenset[str] = frozenset()
 
     @abstractmethod
     def tasks(self, split: str, n: int, seed: int = 0, *, start: int = 0) -> list[Task]:

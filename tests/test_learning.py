@@ -16,7 +16,7 @@ from milegpo_cli.store import RunStore
 from milegpo_cli.trainer import loop
 from milegpo_cli.trainer.base_policy import base_policy_dir, build_base_policy, ensure_base_policy
 from milegpo_cli.intervals import wilson_interval
-from milegpo_cli.trainer.evaluation import eval_tasks
+from milegpo_cli.trainer.evaluation import PROBE_STATE_LOGPS, eval_tasks
 from milegpo_cli.trainer.ppo import PPOUpdater, normalise_advantages, ppo_loss, sample_logprobs
 from milegpo_cli.trainer.task_pools import base_tasks, ppo_pool, warmstart_tasks
 from test_trainer import make_config, quiet
@@ -156,6 +156,10 @@ def test_base_policy_is_built_once_and_ppo_starts_from_it(tmp_path, models_dir):
     assert its[0]["metrics"]["base_walkthroughs"] == 6 and "probe_expert_logp_id" in its[1]["metrics"]
     evals = {e["phase"]: e for e in store.evaluations(run_id)}
     assert evals["warmstart"]["metrics"]["probe_expert_logp"] > evals["untrained"]["metrics"]["probe_expert_logp"]
+    states = evals["warmstart"]["metrics"][PROBE_STATE_LOGPS]  # per state, for paired probe gains
+    assert len(states) == len(evals["train"]["metrics"][PROBE_STATE_LOGPS]) > 1
+    assert abs(sum(states) / len(states) - evals["warmstart"]["metrics"]["probe_expert_logp"]) < 1e-4
+    assert not any(k.startswith(PROBE_STATE_LOGPS) for k in its[1]["metrics"])  # iteration metrics stay scalar
     log = out.getvalue()
     assert "iteration 1/1: success" in log and "approx_kl" in log  # plain lines: not a terminal
     assert "eval warmstart (iteration 0) id: success" in log
@@ -173,3 +177,21 @@ def test_evaluation_and_probe_do_not_depend_on_the_group_layout(tmp_path, models
         start[groups] = (first["success_rate"], first["metrics"]["probe_expert_logp"],
                          [(e["task_id"], e["outcome"], e["length"]) for e in store.episodes(run_id, evaluation_id=first["id"])])
     assert start[2] == start[3]
+
+
+def test_probe_leaves_out_the_experts_no_op_steps(tmp_path, models_dir):
+    pytest.importorskip("alfworld")
+    from milegpo_cli.trainer.evaluation import Probe
+    from milegpo_cli.trainer.rollout import expert_walkthroughs
+
+    config = make_config("alfworld", tmp_path, models_dir)
+    suite = loop.build_suite(config)
+    venv = suite.make_vector_env(4, oracle=True)
+    try:  # the handcoded expert opens every walkthrough with "look", which changes nothing
+        raw = expert_walkthroughs(venv, eval_tasks(suite, "id", 4), suite.max_steps)[0]
+    finally:
+        venv.close()
+    assert [s.action for s in raw if s.steps_taken == 0] == ["look"] * 4
+    probe = Probe.collect(suite, ["id"], 6, 8, 4)
+    assert len(probe.steps["id"]) == 8  # still exactly probe_states states
+    assert all(s.action not in suite.no_op_commands for s in probe.steps["id"])

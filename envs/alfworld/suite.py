@@ -43,6 +43,10 @@ def official_games(config: AlfworldConfig, split: str) -> list[str]:
 
 class AlfworldSuite(EnvSuite):
     name = "alfworld"
+    # "look" changes nothing and shows nothing new (in the middle of the room it answers "you see
+    # nothing"); the handcoded expert opens every walkthrough with it (its scripted first subgoal)
+    # and issues it again when its plan stalls
+    no_op_commands = frozenset({"look"})
 
     def __init__(self, config: AlfworldConfig | None = None, max_steps: int = 50):
         if max_steps < 1:

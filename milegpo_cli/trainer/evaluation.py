@@ -6,8 +6,9 @@
   played in a forked RNG so that the training RNG is untouched. Success is a binomial proportion:
   every printed rate comes with its Wilson 95 % interval (milegpo_cli/intervals.py).
 - **Probe**: the mean log-probability and accuracy of the expert's action on a fixed set of held-out
-  expert states (the expert's walkthroughs of the evaluation tasks of each split) — a low-variance
-  signal, measured every iteration, that moves long before success does.
+  expert states (the expert's walkthroughs of the evaluation tasks of each split, without steps that
+  issue a no-op command) — a low-variance signal, measured every iteration, that moves long before
+  success does. Evaluation rows also keep each state's log-probability, for paired gains.
 
 Every evaluation row carries a ``phase``: ``untrained`` (the model before any supervised step),
 ``warmstart`` (the policy PPO starts from: after the warm start or the cached base policy; the
@@ -28,6 +29,7 @@ EVAL_TASK_SEED = 0  # the fixed evaluation task lists do not depend on the run s
 # evaluation episodes played at a time: fixed, so that the evaluation's random draws and the probe's
 # states (the first steps of the first walkthroughs, in step order) do not depend on the recipe's G x N
 EVAL_ENVS = 16
+PROBE_STATE_LOGPS = "probe_expert_logp_states"  # stored with evaluation rows only
 PHASES = ("untrained", "warmstart", "train")
 
 
@@ -93,7 +95,9 @@ class Probe:
     @classmethod
     def collect(cls, suite, splits, eval_episodes: int, max_states: int, num_envs: int) -> "Probe":
         """The expert's walkthroughs of the first evaluation tasks of each split, ``num_envs`` tasks at
-        a time until ``max_states`` steps are collected (then cut to exactly that many)."""
+        a time until ``max_states`` steps are collected (then cut to exactly that many). Steps whose
+        command is one of the suite's no-op commands are left out: a policy that learns to skip
+        ALFWorld's opening "look" has not moved away from the expert (docs/learning.md)."""
         probe = cls()
         if max_states <= 0:
             return probe
@@ -102,7 +106,8 @@ class Probe:
             for split in splits:
                 tasks, steps = eval_tasks(suite, split, eval_episodes), []
                 for start in range(0, len(tasks), num_envs):
-                    steps += expert_walkthroughs(venv, tasks[start:start + num_envs], suite.max_steps)[0]
+                    steps += [s for s in expert_walkthroughs(venv, tasks[start:start + num_envs], suite.max_steps)[0]
+                              if s.action not in suite.no_op_commands]
                     if len(steps) >= max_states:
                         break
                 probe.steps[split] = steps[:max_states]
@@ -110,13 +115,24 @@ class Probe:
             venv.close()
         return probe
 
-    def measure(self, policy) -> dict[str, dict[str, float]]:
-        """split -> {"probe_expert_logp", "probe_expert_acc" (score mode)}."""
-        from milegpo_cli.trainer.warmstart import expert_scores
+    def measure(self, policy) -> dict[str, dict]:
+        """split -> {"probe_expert_logp", "probe_expert_acc" (score mode), PROBE_STATE_LOGPS: the
+        log-probability of each state in state order, so that two evaluations of a run (or of runs
+        of one recipe) are compared state by state}."""
+        from milegpo_cli.trainer.warmstart import expert_logprobs
 
         out = {}
         for split, steps in self.steps.items():
             if steps:
                 samples = [policy.make_sample(s.observation, s.history, s.steps_taken, s.action) for s in steps]
-                out[split] = {f"probe_{k}": v for k, v in expert_scores(policy, samples).items()}
+                logps, hits = expert_logprobs(policy, samples)
+                out[split] = {"probe_expert_logp": sum(logps) / len(logps),
+                              PROBE_STATE_LOGPS: [round(v, 5) for v in logps]}
+                if hits is not None:
+                    out[split]["probe_expert_acc"] = sum(hits) / len(hits)
         return out
+
+    @staticmethod
+    def scalars(values: dict) -> dict[str, float]:
+        """One split's probe metrics without the per-state list (iteration metrics, MLflow)."""
+        return {k: v for k, v in values.items() if k != PROBE_STATE_LOGPS}

@@ -316,7 +316,7 @@ class Evaluator:
                 self.store.record_evaluation(self.run_id, split, metrics, [episode_record(e) for e in played],
                                              iteration=iteration, phase=phase)
                 prefix = f"eval_{split}/" if phase == "train" else f"eval_{phase}_{split}/"
-                self.tracker.log_metrics({prefix + k: v for k, v in metrics.items()}, step=iteration)
+                self.tracker.log_metrics({prefix + k: v for k, v in Probe.scalars(metrics).items()}, step=iteration)
             probe = (f"  probe logp {metrics['probe_expert_logp']:.3f}" if "probe_expert_logp" in metrics else "")
             self.console.print(f"eval {phase} (iteration {iteration}) {split}: success {format_success(metrics)}  "
                                f"outcome {metrics['mean_outcome']:.3f}{probe}", soft_wrap=True)
@@ -429,7 +429,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
                 res = train_iteration(config, policy, updater, venv, pool, suite, it)
                 probes = probe.measure(policy)
                 for split, values in probes.items():
-                    res.metrics.update({f"{k}_{split}": v for k, v in values.items()})
+                    res.metrics.update({f"{k}_{split}": v for k, v in Probe.scalars(values).items()})
                 bad = bad + 1 if res.metrics.get("optimizer_steps", 1) == 0 and not res.metrics.get("no_signal") else 0
                 if bad:
                     console.print(f"[yellow]iteration {it}: update skipped ({res.metrics.get('skipped_reason', '?')}); "

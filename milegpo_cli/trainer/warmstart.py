@@ -65,14 +65,14 @@ def supervised_warm_start(policy, samples: Sequence[ExpertStep], epochs: int, lr
 
 
 @torch.no_grad()
-def expert_scores(policy, samples, batch_size: int = 32) -> dict[str, float]:
-    """Mean log pi(expert action | state) and, in score mode, the share of states whose most probable
-    command is the expert's, for training samples built by ``policy.make_sample`` (the probe)."""
+def expert_logprobs(policy, samples, batch_size: int = 32) -> tuple[list[float], list[bool] | None]:
+    """Per sample: log pi(expert action | state) and, in score mode, whether the expert's command is
+    the most probable one (None in generate mode), for samples built by ``policy.make_sample``."""
     from milegpo_cli.policy.actions import ScoreSample, candidate_distribution, candidate_logprobs
 
     was_training = policy.model.training
     policy.model.eval()
-    logps, hits = [], 0
+    logps, hits = [], []
     try:
         for i in range(0, len(samples), batch_size):
             chunk = samples[i:i + batch_size]
@@ -85,10 +85,17 @@ def expert_scores(policy, samples, batch_size: int = 32) -> dict[str, float]:
             for s, seq in zip(chunk, seqs):
                 dist = candidate_distribution(seq, s.temperature, [len(c) for c in s.candidate_ids] if s.length_norm else None)
                 logps.append(float(dist[s.chosen]))
-                hits += int(int(dist.argmax()) == s.chosen)
+                hits.append(int(dist.argmax()) == s.chosen)
     finally:
         policy.model.train(was_training)
+    return logps, (hits if isinstance(samples[0], ScoreSample) else None)
+
+
+def expert_scores(policy, samples, batch_size: int = 32) -> dict[str, float]:
+    """Mean log pi(expert action | state) and, in score mode, the share of states whose most probable
+    command is the expert's (``expert_logprobs`` summarised)."""
+    logps, hits = expert_logprobs(policy, samples, batch_size)
     out = {"expert_logp": sum(logps) / len(logps)}
-    if isinstance(samples[0], ScoreSample):
-        out["expert_acc"] = hits / len(samples)
+    if hits is not None:
+        out["expert_acc"] = sum(hits) / len(hits)
     return out
