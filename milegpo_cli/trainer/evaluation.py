@@ -119,17 +119,15 @@ class Probe:
         """split -> {"probe_expert_logp", "probe_expert_acc" (score mode), PROBE_STATE_LOGPS: the
         log-probability of each state in state order, so that two evaluations of a run (or of runs
         of one recipe) are compared state by state}."""
-        from milegpo_cli.trainer.warmstart import expert_logprobs
+        from milegpo_cli.trainer.warmstart import expert_logprobs, expert_scores
 
         out = {}
         for split, steps in self.steps.items():
             if steps:
                 samples = [policy.make_sample(s.observation, s.history, s.steps_taken, s.action) for s in steps]
                 logps, hits = expert_logprobs(policy, samples)
-                out[split] = {"probe_expert_logp": sum(logps) / len(logps),
+                out[split] = {**{f"probe_{k}": v for k, v in expert_scores(logps, hits).items()},
                               PROBE_STATE_LOGPS: [round(v, 5) for v in logps]}
-                if hits is not None:
-                    out[split]["probe_expert_acc"] = sum(hits) / len(hits)
         return out
 
     @staticmethod

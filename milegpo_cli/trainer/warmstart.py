@@ -60,7 +60,7 @@ def supervised_warm_start(policy, samples: Sequence[ExpertStep], epochs: int, lr
     out = {"warmstart_loss_first_epoch": losses[0], "warmstart_loss_last_epoch": losses[-1],
            "warmstart_steps": len(train), "warmstart_time_s": time.perf_counter() - start}
     if policy.action_mode == "score":
-        out["warmstart_accuracy"] = expert_scores(policy, train)["expert_acc"]
+        out["warmstart_accuracy"] = expert_scores(*expert_logprobs(policy, train))["expert_acc"]
     return out
 
 
@@ -91,10 +91,9 @@ def expert_logprobs(policy, samples, batch_size: int = 32) -> tuple[list[float],
     return logps, (hits if isinstance(samples[0], ScoreSample) else None)
 
 
-def expert_scores(policy, samples, batch_size: int = 32) -> dict[str, float]:
-    """Mean log pi(expert action | state) and, in score mode, the share of states whose most probable
-    command is the expert's (``expert_logprobs`` summarised)."""
-    logps, hits = expert_logprobs(policy, samples, batch_size)
+def expert_scores(logps: Sequence[float], hits: Sequence[bool] | None) -> dict[str, float]:
+    """``expert_logprobs`` summarised: the mean log pi(expert action | state) and, in score mode, the
+    share of states whose most probable command is the expert's."""
     out = {"expert_logp": sum(logps) / len(logps)}
     if hits is not None:
         out["expert_acc"] = sum(hits) / len(hits)
