@@ -214,3 +214,22 @@ def test_official_layout_is_played_by_the_same_adapter(config, tasks, tmp_path):
     with pytest.raises(Exception, match="official split has 2"):
         official.tasks("id", 3)
     assert isinstance(ood[0], Task)
+
+
+def test_expert_walkthroughs_do_not_depend_on_the_games_beside_them(tasks):
+    """The handcoded expert breaks ties at random: its walkthrough of a game is the same played
+    alone, beside other games in this process, or in worker processes (the base policy's data and
+    the probe's states do not depend on env.alfworld.workers)."""
+    from milegpo_cli.trainer.rollout import expert_walkthroughs
+
+    def walk(num_envs, workers):
+        ve = AlfworldVectorEnv(num_envs, expert="handcoded", max_steps=30, workers=workers, expert_slots=num_envs)
+        try:
+            steps = expert_walkthroughs(ve, tasks, 30)[0]
+        finally:
+            ve.close()
+        return sorted((s.observation.task, s.steps_taken, s.observation.text, s.action) for s in steps)
+
+    alone = walk(1, 0)
+    assert len(alone) > 20
+    assert walk(3, 0) == alone and walk(6, 2) == alone

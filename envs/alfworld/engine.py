@@ -148,10 +148,10 @@ def install_engine_caches(enabled: bool = True, grammar: bool | None = None, reu
 
 install_engine_caches()
 
-# The handcoded expert breaks ties with the global `random`; give it its own generator, reseeded
-# from the game at every reset, so that expert walkthroughs are reproducible.
-_EXPERT_RNG = random.Random(0)
-_handcoded.random = _EXPERT_RNG
+# The handcoded expert breaks ties with its module's `random`. Each game has its own generator,
+# seeded from the game at every reset and installed before each of its engine calls, so that a
+# walkthrough does not depend on the games stepped beside it in the same process (slots, workers).
+_handcoded.random = random.Random(0)
 
 
 # ----------------------------------------------------------------------------- one game
@@ -276,6 +276,7 @@ class GameEnv:
         self._gamefile: str | None = None  # game of the loaded engine
         self._meta: str | None = None  # game of task_type / params
         self._at: int | None = None  # sid where the real engine is (cache on), None: not reset since load
+        self._expert_rng = random.Random(0)  # the handcoded expert's tie-breaks in this game
 
     def _load_meta(self, gamefile: str) -> None:
         if self._meta == gamefile:
@@ -311,7 +312,8 @@ class GameEnv:
     def _engine_reset(self, gamefile: str):
         if self._env is None or gamefile != self._gamefile:
             self._load(gamefile)
-        _EXPERT_RNG.seed(self._rng_seed)
+        self._expert_rng.seed(self._rng_seed)
+        _handcoded.random = self._expert_rng
         argv = sys.argv[:]
         try:
             return self._env.reset()
@@ -319,6 +321,7 @@ class GameEnv:
             sys.argv[:] = argv
 
     def _engine_step(self, command: str):
+        _handcoded.random = self._expert_rng
         argv = sys.argv[:]
         try:
             return self._env.step(command)[0]

@@ -21,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-BASE_VERSION = 3  # 2: own seed (BASE_SEED); 3: prompts keep the task line when the observation is cut
+BASE_VERSION = 4  # 2: own seed (BASE_SEED); 3: prompts keep the task line when the observation is cut;
+# 4: ALFWorld expert walkthroughs no longer depend on the games played beside them (workers, slots)
 BASE_SEED = 0
 MARKER = "base.json"
 # environment settings that change how steps are computed, not the games or the observations
