@@ -21,8 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-BASE_VERSION = 4  # 2: own seed (BASE_SEED); 3: prompts keep the task line when the observation is cut;
-# 4: ALFWorld expert walkthroughs no longer depend on the games played beside them (workers, slots)
+BASE_VERSION = 3  # 2: own seed (BASE_SEED); 3: prompts keep the task line when the observation is cut
+# per environment, how its expert walkthroughs are made (a new version rebuilds that environment's base
+# only). alfworld 2: the handcoded expert's tie-breaks no longer depend on the games beside it (workers)
+WALKTHROUGH_VERSION = {"alfworld": 2}
 BASE_SEED = 0
 MARKER = "base.json"
 # environment settings that change how steps are computed, not the games or the observations
@@ -33,7 +35,8 @@ def _env_fingerprint(config) -> dict:
     """The environment settings that shape games and observations (not how they are computed)."""
     sub = dataclasses.asdict(getattr(config.env, config.env.name))
     return {"name": config.env.name, "max_steps": config.env.max_steps,
-            config.env.name: {k: v for k, v in sub.items() if k not in _ENV_RUNTIME_KEYS}}
+            config.env.name: {k: v for k, v in sub.items() if k not in _ENV_RUNTIME_KEYS},
+            **({"walkthroughs": WALKTHROUGH_VERSION[config.env.name]} if config.env.name in WALKTHROUGH_VERSION else {})}
 
 
 def base_version(config, tiny_folder: str | Path) -> str:
