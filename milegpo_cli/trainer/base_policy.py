@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 
 BASE_VERSION = 3  # 2: own seed (BASE_SEED); 3: prompts keep the task line when the observation is cut
-# per environment, how its expert walkthroughs are made (a new version rebuilds that environment's base
-# only). alfworld 2: the handcoded expert's tie-breaks no longer depend on the games beside it (workers)
-WALKTHROUGH_VERSION = {"alfworld": 2}
+# per environment, how its base is built (a new version rebuilds that environment's base only).
+# alfworld 2: the handcoded expert's tie-breaks no longer depend on the games beside it (workers);
+# 3: supervised training on one thread (the WebShop recipe's base was already built on one)
+ENV_BASE_VERSION = {"alfworld": 3}
 BASE_SEED = 0
 MARKER = "base.json"
 # environment settings that change how steps are computed, not the games or the observations
@@ -36,7 +37,7 @@ def _env_fingerprint(config) -> dict:
     sub = dataclasses.asdict(getattr(config.env, config.env.name))
     return {"name": config.env.name, "max_steps": config.env.max_steps,
             config.env.name: {k: v for k, v in sub.items() if k not in _ENV_RUNTIME_KEYS},
-            **({"walkthroughs": WALKTHROUGH_VERSION[config.env.name]} if config.env.name in WALKTHROUGH_VERSION else {})}
+            **({"base_version": ENV_BASE_VERSION[config.env.name]} if config.env.name in ENV_BASE_VERSION else {})}
 
 
 def base_version(config, tiny_folder: str | Path) -> str:
@@ -60,6 +61,7 @@ def build_base_policy(config, suite, policy, log=print) -> dict[str, float]:
 
     from milegpo_cli.trainer.rollout import expert_walkthroughs
     from milegpo_cli.trainer.task_pools import base_tasks
+    from milegpo_cli.trainer.threads import torch_threads
     from milegpo_cli.trainer.warmstart import supervised_warm_start
 
     cfg = config.base
@@ -72,7 +74,9 @@ def build_base_policy(config, suite, policy, log=print) -> dict[str, float]:
         venv.close()
     log(f"base policy: {len(tasks)} expert walkthroughs ({won} won, {len(steps)} steps) in "
         f"{time.perf_counter() - start:.0f} s; supervised training, {cfg.epochs} epochs")
-    with torch.random.fork_rng(devices=[]):
+    # one torch thread whatever run.threads or OMP_NUM_THREADS say: the sums of a step depend on the
+    # thread count, and after four epochs the weights do too (same recipe, same base policy)
+    with torch.random.fork_rng(devices=[]), torch_threads(1):
         torch.manual_seed(BASE_SEED)
         out = supervised_warm_start(policy, steps, cfg.epochs, cfg.lr, minibatch_size=cfg.minibatch_size, log=log)
     return {**{k.replace("warmstart_", "base_"): v for k, v in out.items()},
