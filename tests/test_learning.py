@@ -114,19 +114,24 @@ def test_lora_kl_reference_is_the_warm_started_policy(tmp_path, models_dir):
 
 
 @pytest.mark.slow
-def test_base_policy_does_not_depend_on_the_callers_rng(tmp_path, models_dir):
+def test_base_policy_does_not_depend_on_the_callers_rng_or_threads(tmp_path, models_dir):
     from milegpo_cli.policy import Policy
 
     config = make_config("webshop", tmp_path, models_dir, "base.enabled=true", "base.walkthroughs=4", "base.epochs=1")
     suite = loop.build_suite(config)
     weights = []
-    for seed in (1, 2):
-        torch.manual_seed(seed)
-        before = torch.get_rng_state()
-        policy = Policy.from_config(config.policy, suite.text_corpus(), cache_dir=models_dir, device="cpu")
-        build_base_policy(config, suite, policy, log=lambda *_: None)
-        assert torch.equal(torch.get_rng_state(), before)  # the caller's RNG is left as it was
-        weights.append({k: v.clone() for k, v in policy.model.state_dict().items()})
+    try:
+        for seed, threads in ((1, 1), (2, 2)):
+            torch.manual_seed(seed)
+            torch.set_num_threads(threads)
+            before = torch.get_rng_state()
+            policy = Policy.from_config(config.policy, suite.text_corpus(), cache_dir=models_dir, device="cpu")
+            build_base_policy(config, suite, policy, log=lambda *_: None)
+            assert torch.equal(torch.get_rng_state(), before)  # the caller's RNG is left as it was
+            assert torch.get_num_threads() == threads  # and its thread count
+            weights.append({k: v.clone() for k, v in policy.model.state_dict().items()})
+    finally:
+        torch.set_num_threads(1)
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
