@@ -132,5 +132,6 @@ class Probe:
 
     @staticmethod
     def scalars(values: dict) -> dict[str, float]:
-        """One split's probe metrics without the per-state list (iteration metrics, MLflow)."""
+        """Metrics of one split (the probe's or a whole evaluation's) without the per-state probe list:
+        what goes to iteration metrics and MLflow."""
         return {k: v for k, v in values.items() if k != PROBE_STATE_LOGPS}
