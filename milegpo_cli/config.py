@@ -195,9 +195,11 @@ class BaseConfig:
     epochs: int = 4
     lr: float = 3e-3
     minibatch_size: int = 16
+    seed: int = 0  # seed of the supervised training (minibatch order): another seed, another base policy
 
     def __post_init__(self) -> None:
         _positive(self, "walkthroughs", "epochs", "minibatch_size")
+        _check(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
         _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
 
 

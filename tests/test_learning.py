@@ -3,6 +3,7 @@ the probe, PPO's early stop / advantage normalisation / loss weights, the LoRA K
 warm start, Wilson intervals, plain log lines off a terminal."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -14,7 +15,7 @@ from rich.console import Console
 
 from milegpo_cli.store import RunStore
 from milegpo_cli.trainer import loop
-from milegpo_cli.trainer.base_policy import base_policy_dir, build_base_policy, ensure_base_policy
+from milegpo_cli.trainer.base_policy import base_fingerprint, base_policy_dir, build_base_policy, ensure_base_policy
 from milegpo_cli.intervals import wilson_interval
 from milegpo_cli.trainer.evaluation import PROBE_STATE_LOGPS, eval_tasks
 from milegpo_cli.trainer.ppo import PPOUpdater, normalise_advantages, ppo_loss, sample_logprobs
@@ -114,25 +115,30 @@ def test_lora_kl_reference_is_the_warm_started_policy(tmp_path, models_dir):
 
 
 @pytest.mark.slow
-def test_base_policy_does_not_depend_on_the_callers_rng_or_threads(tmp_path, models_dir):
+def test_base_policy_does_not_depend_on_the_callers_rng_or_threads_only_on_its_seed(tmp_path, models_dir):
     from milegpo_cli.policy import Policy
 
     config = make_config("webshop", tmp_path, models_dir, "base.enabled=true", "base.walkthroughs=4", "base.epochs=1")
+    reseeded = dataclasses.replace(config, base=dataclasses.replace(config.base, seed=1))
     suite = loop.build_suite(config)
     weights = []
     try:
-        for seed, threads in ((1, 1), (2, 2)):
+        for cfg, seed, threads in ((config, 1, 1), (config, 2, 2), (reseeded, 1, 1)):
             torch.manual_seed(seed)
             torch.set_num_threads(threads)
             before = torch.get_rng_state()
-            policy = Policy.from_config(config.policy, suite.text_corpus(), cache_dir=models_dir, device="cpu")
-            build_base_policy(config, suite, policy, log=lambda *_: None)
+            policy = Policy.from_config(cfg.policy, suite.text_corpus(), cache_dir=models_dir, device="cpu")
+            build_base_policy(cfg, suite, policy, log=lambda *_: None)
             assert torch.equal(torch.get_rng_state(), before)  # the caller's RNG is left as it was
             assert torch.get_num_threads() == threads  # and its thread count
             weights.append({k: v.clone() for k, v in policy.model.state_dict().items()})
     finally:
         torch.set_num_threads(1)
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert not all(torch.equal(weights[0][k], weights[2][k]) for k in weights[0])  # base.seed: another base
+    # another seed is another version; seed 0 hashes as before the field existed (cached bases stay valid)
+    assert base_policy_dir(reseeded, "x") != base_policy_dir(config, "x")
+    assert "seed" not in base_fingerprint(config.base)
 
 
 def test_base_policy_is_built_once_and_ppo_starts_from_it(tmp_path, models_dir):

@@ -21,12 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
-BASE_VERSION = 3  # 2: own seed (BASE_SEED); 3: prompts keep the task line when the observation is cut
+BASE_VERSION = 3  # 2: own seed (base.seed); 3: prompts keep the task line when the observation is cut
 # per environment, how its base is built (a new version rebuilds that environment's base only).
 # alfworld 2: the handcoded expert's tie-breaks no longer depend on the games beside it (workers);
 # 3: supervised training on one thread (the WebShop recipe's base was already built on one)
 ENV_BASE_VERSION = {"alfworld": 3}
-BASE_SEED = 0
 MARKER = "base.json"
 # environment settings that change how steps are computed, not the games or the observations
 _ENV_RUNTIME_KEYS = ("workers", "step_timeout_s", "data_dir", "cache", "cache_size", "oracle_share")
@@ -40,13 +39,19 @@ def _env_fingerprint(config) -> dict:
             **({"base_version": ENV_BASE_VERSION[config.env.name]} if config.env.name in ENV_BASE_VERSION else {})}
 
 
+def base_fingerprint(base) -> dict:
+    """``[base]`` as hashed: ``seed`` only when it is not 0, so the bases built before it existed
+    (trained under seed 0) keep their versions."""
+    return {k: v for k, v in dataclasses.asdict(base).items() if not (k == "seed" and v == 0)}
+
+
 def base_version(config, tiny_folder: str | Path) -> str:
     """Hash of the base policy's recipe: architecture + tokenizer (the tiny folder's name is the
     hash of both), prompt and action settings, environment, [base]."""
     p = config.policy
     blob = {"v": BASE_VERSION, "tiny": Path(tiny_folder).name, "mode": p.action_mode, "history": p.history,
             "max_prompt_tokens": p.max_prompt_tokens, "score_norm": p.score_norm, "temperature": p.temperature,
-            "env": _env_fingerprint(config), "base": dataclasses.asdict(config.base)}
+            "env": _env_fingerprint(config), "base": base_fingerprint(config.base)}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -55,8 +60,8 @@ def base_policy_dir(config, tiny_folder: str | Path) -> Path:
 
 
 def build_base_policy(config, suite, policy, log=print) -> dict[str, float]:
-    """Train ``policy`` (the untrained tiny model) on the base walkthroughs under ``BASE_SEED``
-    (the caller's RNG is left as it was); returns its metrics."""
+    """Train ``policy`` (the untrained tiny model) on the base walkthroughs under ``base.seed`` (the
+    caller's RNG is left as it was); returns its metrics."""
     import torch
 
     from milegpo_cli.trainer.rollout import expert_walkthroughs
@@ -77,7 +82,7 @@ def build_base_policy(config, suite, policy, log=print) -> dict[str, float]:
     # one torch thread whatever run.threads or OMP_NUM_THREADS say: the sums of a step depend on the
     # thread count, and after four epochs the weights do too (same recipe, same base policy)
     with torch.random.fork_rng(devices=[]), torch_threads(1):
-        torch.manual_seed(BASE_SEED)
+        torch.manual_seed(cfg.seed)
         out = supervised_warm_start(policy, steps, cfg.epochs, cfg.lr, minibatch_size=cfg.minibatch_size, log=log)
     return {**{k.replace("warmstart_", "base_"): v for k, v in out.items()},
             "base_walkthroughs": float(len(tasks)), "base_expert_won": float(won),
