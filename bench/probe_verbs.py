@@ -70,6 +70,8 @@ def main() -> None:
 
     store = RunStore(f"sqlite:///{args.runs_dir / 'milegpo.db'}")
     config = Config.from_dict(store.get_run(args.run)["config"])
+    if not config.base.enabled or config.warmstart.enabled:
+        raise SystemExit(f"run {args.run} did not start from the base policy alone; its start cannot be re-scored here")
     suite = loop.build_suite(config)
     try:
         probe = Probe.collect(suite, [args.split], config.eval.episodes, config.eval.probe_states, EVAL_ENVS)
