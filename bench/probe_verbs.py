@@ -29,18 +29,8 @@ from milegpo_cli.policy import Policy  # noqa: E402
 from milegpo_cli.store import RunStore  # noqa: E402
 from milegpo_cli.trainer import loop  # noqa: E402
 from milegpo_cli.trainer.base_policy import ensure_base_policy  # noqa: E402
+from milegpo_cli.trainer.checkpoint import find_checkpoint  # noqa: E402
 from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe  # noqa: E402
-from milegpo_cli.trainer.warmstart import expert_logprobs  # noqa: E402
-
-
-def checkpoint_dir(runs_dir: Path, run: int, iteration: int | None) -> tuple[Path, int]:
-    folders = sorted((runs_dir / "checkpoints" / f"run_{run}").glob("iter_*"))
-    if iteration is not None:
-        folders = [f for f in folders if int(f.name.split("_")[1]) == iteration]
-    if not folders:
-        raise SystemExit(f"run {run}: no checkpoint{'' if iteration is None else f' at iteration {iteration}'} "
-                         f"under {runs_dir / 'checkpoints'}")
-    return folders[-1] / "policy", int(folders[-1].name.split("_")[1])
 
 
 def by_verb(actions: list[str], start: tuple[list[float], list[bool]], final: tuple[list[float], list[bool]]) -> dict:
@@ -78,21 +68,17 @@ def main() -> None:
         base = ensure_base_policy(config, suite, "cpu")
     finally:
         suite.close()
-    steps = probe.steps[args.split]
-    folder, iteration = checkpoint_dir(args.runs_dir, args.run, args.iteration)
-    scores = {}
-    for name, policy in (("start", Policy.start_from(base, config.policy, "cpu")),
-                         ("final", Policy.load(folder, config.policy, "cpu"))):
-        scores[name] = expert_logprobs(policy, [policy.make_sample(s.observation, s.history, s.steps_taken, s.action)
-                                                for s in steps])
-    table = by_verb([s.action for s in steps], scores["start"], scores["final"])
+    ckpt = find_checkpoint(loop.checkpoint_root(config, args.run), args.iteration)
+    start = probe.state_scores(Policy.start_from(base, config.policy, "cpu"), args.split)
+    final = probe.state_scores(Policy.load(ckpt.policy_dir, config.policy, "cpu"), args.split)
+    table = by_verb([s.action for s in probe.steps[args.split]], start, final)
 
     out = ROOT / "bench" / "results" / f"probe_verbs_{args.label}"
     out.with_suffix(".json").write_text(json.dumps(
-        {"runs_dir": str(args.runs_dir), "run": args.run, "iteration": iteration, "split": args.split,
+        {"runs_dir": str(args.runs_dir), "run": args.run, "iteration": ckpt.iteration, "split": args.split,
          "algo": config.run.algo, "seed": config.run.seed, "base": str(base), "verbs": table}, indent=1))
     lines = [f"Probe by expert verb: run {args.run} of `{args.runs_dir}` ({config.run.algo}, seed {config.run.seed}), "
-             f"{args.split} probe, base policy -> iteration {iteration}.", "",
+             f"{args.split} probe, base policy -> iteration {ckpt.iteration}.", "",
              "| verb | states | logp start -> final | gain | share of the mean gain | acc start -> final |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {v} | {r['states']} | {r['logp_start']:.3f} -> {r['logp_final']:.3f} | {r['logp_gain']:+.3f} | "

@@ -119,16 +119,23 @@ class Probe:
         """split -> {"probe_expert_logp", "probe_expert_acc" (score mode), PROBE_STATE_LOGPS: the
         log-probability of each state in state order, so that two evaluations of a run (or of runs
         of one recipe) are compared state by state}."""
-        from milegpo_cli.trainer.warmstart import expert_logprobs, expert_scores
+        from milegpo_cli.trainer.warmstart import expert_scores
 
         out = {}
         for split, steps in self.steps.items():
             if steps:
-                samples = [policy.make_sample(s.observation, s.history, s.steps_taken, s.action) for s in steps]
-                logps, hits = expert_logprobs(policy, samples)
+                logps, hits = self.state_scores(policy, split)
                 out[split] = {**{f"probe_{k}": v for k, v in expert_scores(logps, hits).items()},
                               PROBE_STATE_LOGPS: [round(v, 5) for v in logps]}
         return out
+
+    def state_scores(self, policy, split: str) -> tuple[list[float], list[bool] | None]:
+        """Per state of ``split``, in state order: log pi(expert action | state) and (score mode)
+        whether the expert's command is the most probable one (trainer.warmstart.expert_logprobs)."""
+        from milegpo_cli.trainer.warmstart import expert_logprobs
+
+        return expert_logprobs(policy, [policy.make_sample(s.observation, s.history, s.steps_taken, s.action)
+                                        for s in self.steps[split]])
 
     @staticmethod
     def scalars(values: dict) -> dict[str, float]:
