@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from envs.faults import fault_point
 from milegpo_cli.errors import RunNotFound, StoreError
+from milegpo_cli.interrupts import deferred_interrupts
 from milegpo_cli.store.migrations import upgrade
 from milegpo_cli.store.models import (EVALUATION_PHASES, SCHEMA_VERSION, Base, Candidate, Checkpoint, Episode,
                                       Evaluation, Experiment, Iteration, Run, SchemaVersion, Step)
@@ -156,8 +157,10 @@ class RunStore:
         self.close()
 
     # --- plumbing ----------------------------------------------------------------------------
+    @deferred_interrupts()
     def _write(self, fn: Callable[[Session], T]) -> T:
-        """Run ``fn`` in one write transaction, retried when the database stays locked."""
+        """Run ``fn`` in one write transaction, retried when the database stays locked; a Ctrl-C or
+        SIGTERM waits for its end (interrupts.py)."""
         for attempt in range(self.retries):
             try:
                 with Session(self._writer, expire_on_commit=False) as session, session.begin():

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from milegpo_cli.config import flatten
+from milegpo_cli.interrupts import deferred_interrupts
 
 EXPERIMENT = "milegpo"
 PARAM_BATCH = 100  # MLflow's limit of params per log_batch
@@ -72,7 +73,7 @@ class Tracker:
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # silence the db-migration INFO lines
 
         self.uri = tracking_uri
-        with _creation_lock(tracking_uri):
+        with deferred_interrupts(), _creation_lock(tracking_uri):
             self.client = MlflowClient(tracking_uri)
             found = self.client.get_experiment_by_name(experiment)
             self.experiment_id = found.experiment_id if found else self.client.create_experiment(
@@ -80,6 +81,7 @@ class Tracker:
         self.run_id: str | None = None
         self._logged: dict[str, set[int]] = {}  # metric -> steps the run held when resumed
 
+    @deferred_interrupts()
     def start_run(self, name: str, params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
                   parent_run_id: str | None = None) -> str:
         """Create the MLflow run; ``params`` may be nested (the resolved config): flattened as params,
@@ -93,6 +95,7 @@ class Tracker:
         self.client.log_dict(self.run_id, dict(params or {}), "config.json")
         return self.run_id
 
+    @deferred_interrupts()
     def resume(self, run_id: str) -> str:
         """Continue an existing MLflow run (after a crash) and mark it running again; the steps it
         already holds are not logged again (module docstring)."""
@@ -107,6 +110,7 @@ class Tracker:
             raise RuntimeError("Tracker: start_run or resume first")
         return self.run_id
 
+    @deferred_interrupts()
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 
@@ -115,6 +119,7 @@ class Tracker:
         for i in range(0, len(items), PARAM_BATCH):
             self.client.log_batch(run_id, params=items[i:i + PARAM_BATCH])
 
+    @deferred_interrupts()
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """All finite numeric metrics of one step in one batch (nested dicts are flattened)."""
         from mlflow.entities import Metric
@@ -127,14 +132,17 @@ class Tracker:
         for i in range(0, len(items), METRIC_BATCH):
             self.client.log_batch(run_id, metrics=items[i:i + METRIC_BATCH])
 
+    @deferred_interrupts()
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import RunTag
 
         self.client.log_batch(self._require_run(), tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
+    @deferred_interrupts()
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self._require_run(), str(path), artifact_path)
 
+    @deferred_interrupts()
     def end(self, status: str = "FINISHED") -> None:
         """status: FINISHED, FAILED or KILLED."""
         self.client.set_terminated(self._require_run(), status=status)
