@@ -21,14 +21,17 @@ DEFERRED = (signal.SIGINT, signal.SIGTERM)
 def deferred_interrupts() -> Iterator[None]:
     """Hold SIGINT and SIGTERM for the duration of the block, then deliver them (usable as a decorator).
 
-    Only the main thread receives signals in Python; elsewhere the block runs unchanged. Nested blocks
-    hand a held signal outwards: it is delivered when the outermost block ends."""
-    if threading.current_thread() is not threading.main_thread():
+    Only the main thread receives signals in Python, and only handlers set from Python can be put back:
+    otherwise the block runs unchanged. Nested blocks hand a held signal outwards: it is delivered when
+    the outermost block ends."""
+    if threading.current_thread() is not threading.main_thread() or None in map(signal.getsignal, DEFERRED):
         yield
         return
     received: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum)) for sig in DEFERRED}
+    previous = {}
     try:
+        for sig in DEFERRED:  # a signal between these two calls: the first handler is still put back
+            previous[sig] = signal.signal(sig, lambda signum, _frame: received.append(signum))
         yield
     finally:
         for sig, handler in previous.items():
