@@ -16,10 +16,10 @@ from milegpo_cli.store import RunStore
 
 @pytest.fixture
 def sigterm_raises_keyboard_interrupt():
-    """cli.main's handler: SIGTERM ends a command as Ctrl-C does."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-    previous = signal.signal(signal.SIGTERM, handler)
+    """cli.main's own handler: SIGTERM ends a command as Ctrl-C does."""
+    from milegpo_cli.cli import _sigterm_as_interrupt
+
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     yield
     signal.signal(signal.SIGTERM, previous)
 
