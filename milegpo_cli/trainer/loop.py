@@ -262,7 +262,8 @@ def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for pkg in ("milegpo", "torch", "transformers", "peft", "accelerate", "alfworld", "textworld"):
+    for pkg in ("milegpo", "torch", "transformers", "peft", "accelerate", "tokenizers", "numpy", "mlflow",
+                "sqlalchemy", "alfworld", "textworld", "kernels"):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
@@ -388,7 +389,8 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
         if mlflow_id:
             tracker.resume(mlflow_id)
         else:
-            mlflow_id = tracker.start_run(run_name(config), params=config.to_dict(), tags={"milegpo.run_id": run_id})
+            mlflow_id = tracker.start_run(run_name(config), params=config.to_dict(), tags={"milegpo.run_id": run_id,
+                                        **{f"version.{k}": v for k, v in (store.get_run(run_id)["versions"] or {}).items()}})
             store.set_mlflow_run_id(run_id, mlflow_id)
     if main:
         store.set_status(run_id, "running")

@@ -1,0 +1,63 @@
+"""The locked install set (constraints.txt) and the library versions every run records."""
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",
+        "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
+        "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "ppo.epochs=1",
+        "eval.episodes=2", "eval.splits=['id']", "eval.probe_states=4", "run.threads=1", "warmstart.enabled=false",
+        "base.enabled=false", "rollout.train_tasks=8", "env.max_steps=3", "env.webshop.num_products=300",
+        "env.webshop.train_instructions=40", "env.webshop.eval_instructions=4", "run.iterations=1", "eval.every=1"]
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[\s<>=!~\[;]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _pins() -> dict[str, str]:
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    return dict(line.split("==") for line in lines if line and not line.startswith("#"))
+
+
+def test_constraints_pin_every_dependency_and_the_extras():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
+    missing = sorted({_name(r) for r in wanted} - set(_pins()))
+    assert not missing, f"constraints.txt lacks {missing}: run scripts/refresh_constraints.py"
+
+
+def test_installed_stack_is_the_locked_one():
+    """CI installs with -c constraints.txt: what runs is what the lock says (local labels such as +cpu aside)."""
+    pins = _pins()
+    for pkg in ("torch", "transformers", "peft", "accelerate", "mlflow", "sqlalchemy", "numpy", "textworld"):
+        assert version(pkg).split("+")[0] == pins[pkg], pkg
+
+
+@pytest.mark.slow
+def test_run_records_library_versions_in_store_and_mlflow(tmp_path):
+    from mlflow.tracking import MlflowClient
+    from typer.testing import CliRunner
+
+    from milegpo_cli.cli import app
+    from milegpo_cli.store import RunStore
+
+    os.environ.setdefault("ALFWORLD_DATA", str(ROOT / "runs" / "alfworld_data"))
+    args = ["train", "--recipe", "webshop", "--runs-dir", str(tmp_path)]
+    result = CliRunner().invoke(app, [*args, *[x for s in TINY for x in ("--set", s)]])
+    assert result.exit_code == 0, result.output
+    store = RunStore(tmp_path / "milegpo.db")
+    run = store.get_run(1)
+    store.close()
+    assert run["versions"]["transformers"] == version("transformers")
+    assert run["versions"]["mlflow"] == version("mlflow")
+    tags = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run["mlflow_run_id"]).data.tags
+    assert tags["version.torch"] == version("torch")
+    assert tags["version.sqlalchemy"] == version("sqlalchemy")
