@@ -9,6 +9,7 @@ from .batch import RolloutBatch
 from .config import CreditConfig, canonical_drop
 from .gigpo import gigpo
 from .graphgpo import graphgpo
+from .hgpo import hgpo
 from .grpo import grpo
 from .milegpo import milegpo_v2
 from .milegpo_v3 import milegpo_v3
@@ -26,7 +27,7 @@ def milegpo(batch: RolloutBatch, config: CreditConfig, drop: frozenset) -> Credi
 
 
 ESTIMATORS: dict[str, Callable[[RolloutBatch, CreditConfig, frozenset], CreditResult]] = {
-    "grpo": grpo, "gigpo": gigpo, "graphgpo": graphgpo, "milegpo": milegpo,
+    "grpo": grpo, "gigpo": gigpo, "graphgpo": graphgpo, "milegpo": milegpo, "hgpo": hgpo,
 }
 ALGORITHMS = tuple(ESTIMATORS)  # trainable (milegpo_cli.config.ALGORITHMS)
 DIAGNOSTIC = {"oracle-milestones": oracle_milestones}  # needs the true subgoals: reference rows only
