@@ -20,7 +20,7 @@ GRAPH_UNREACHABLES = ("zero", "farthest")
 # verl-agent's GiGPO conventions (docs/algorithms.md, preset; gigpo/core_gigpo.py): statistics over step rows, one
 # normalisation mode for both levels, episode score 10 x success, invalid-format penalty 0.1 on that row.
 # recipe/GraphGPO (core_graph.py, rollout_loop.py, graphgpo_ray_trainer.py) adds its three graph conventions.
-VERL_AGENT = {"episode_stats": "steps", "anchor_visits": False, "std_unbiased": True, "eps": 1e-6, "episode_score": "success",
+VERL_AGENT = {"episode_stats": "steps", "anchor_visits": False, "zero_identical": False, "std_unbiased": True, "eps": 1e-6, "episode_score": "success",
               "episode_scale": 10.0, "invalid_penalty": 0.1, "gamma": 0.95, "omega": 1.0,
               "graph_final": "observed", "graph_unreachable": "farthest", "graph_invalid": True}
 
@@ -56,8 +56,9 @@ class CreditConfig:
     # flagged invalid (Rollout.invalid); 0 when the rewards already carry the penalty (our trainer)
     similarity_thresh: float = 1.0  # anchor groups: 1 = exact key match; < 1 = verl-agent's greedy
     # SequenceMatcher clustering (enable_similarity) at this ratio
-    anchor_visits: bool = True  # anchor group = (state, k-th visit in the rollout): identical rollouts
-    # give 0 even with loops; False = the state alone (verl-agent)
+    anchor_visits: bool = False  # anchor group = (state, k-th visit in the rollout); False = the state alone
+    # (verl-agent; the default since issue 33: higher ROC-AUC for every estimator, bench/baseline_conventions.py)
+    zero_identical: bool = True  # a group of identical rollouts gets advantage 0 on every step (loops included)
     preset: str = ""  # "verl-agent": fix the fields of VERL_AGENT (the recipe keeps choosing the norm)
     success_threshold: float = 1.0  # success = outcome >= threshold when a rollout does not say
     gamma: float = 0.95
@@ -120,7 +121,7 @@ class CreditConfig:
             if f.type in ("float", float):
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                     raise ValueError(f"{f.name}: must be a finite number, got {v!r}")
-        for name in ("std_unbiased", "anchor_visits", "graph_invalid", "hgpo_base_group"):
+        for name in ("std_unbiased", "anchor_visits", "zero_identical", "graph_invalid", "hgpo_base_group"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be a boolean, got {getattr(self, name)!r}")
         if isinstance(self.m_min, bool) or not isinstance(self.m_min, int) or self.m_min < 1:

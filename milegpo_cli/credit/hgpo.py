@@ -9,11 +9,14 @@ normalised, a^k = (G - mean) / (std + eps) (population std; ``step_norm = "mean"
 
 over the groups whose a^k is not 0 (0 when there is none). ``hgpo_base_group`` adds the episode
 advantage as a k = 0 group. G is the discounted return less the invalid penalty of the row (gigpo).
+With ``anchor_visits`` (our default; off in the verl-agent preset) a group also matches the visit count of
+its history in the rollout, as GiGPO's anchor groups do.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .anchors import visit_anchors
 from .batch import RolloutBatch
 from .config import CreditConfig
 from .gigpo import step_returns
@@ -21,20 +24,27 @@ from .grpo import episode_advantage, group_stats, normalise
 from .result import CreditResult, make_result
 
 
-def history_groups(batch: RolloutBatch, depth: int):
+def history_groups(batch: RolloutBatch, depth: int, visits: bool = False):
     """Yield (k, steps, group id per step, number of groups) for k = 1 .. depth: the steps with t >= k - 1
-    keyed by their last k states (state ids are per task group, so keys never cross groups)."""
+    keyed by their last k states (state ids are per task group, so keys never cross groups).
+
+    ``visits`` (``anchor_visits``): key by (history, earlier visits of that history in the rollout) as well,
+    so that identical rollouts share every group (advantage 0), loops included; the recipe does not.
+    """
+    n = batch.num_steps
     key = batch.step_state.copy()
     for k in range(1, depth + 1):
-        if k > 1:  # key of the last k - 1 states at t, extended by s_{t-k+1} (rows before t = k - 1 are unused)
-            prev = np.full(batch.num_steps, -1, dtype=np.int64)
-            prev[k - 1:] = batch.step_state[: batch.num_steps - k + 1]
-            pair = np.stack([key, prev], axis=1)
-            _, key = np.unique(pair, axis=0, return_inverse=True)
+        if k > 1:  # key of the last k - 1 states at t, extended by s_{t-k+1}
+            prev = np.full(n, -1, dtype=np.int64)
+            prev[k - 1:] = batch.step_state[: n - k + 1]
+            _, key = np.unique(np.stack([key, prev], axis=1), axis=0, return_inverse=True)
             key = key.reshape(-1)
-        steps = np.flatnonzero(batch.step_t >= k - 1)
-        ids, inverse = np.unique(key[steps], return_inverse=True)
-        yield k, steps, inverse.reshape(-1), ids.size
+        short = batch.step_t < k - 1  # no history of length k: a key of their own, never grouped
+        key = np.where(short, key.max(initial=0) + 1 + np.arange(n), key)
+        ids, count = visit_anchors(batch, key, int(key.max(initial=0)) + 1) if visits else (key, 0)
+        steps = np.flatnonzero(~short)
+        uniq, inverse = np.unique(ids[steps], return_inverse=True)
+        yield k, steps, inverse.reshape(-1), uniq.size
 
 
 def hgpo(batch: RolloutBatch, config: CreditConfig, drop: frozenset = frozenset()) -> CreditResult:
@@ -47,7 +57,7 @@ def hgpo(batch: RolloutBatch, config: CreditConfig, drop: frozenset = frozenset(
         used = base != 0
         num += np.where(used, base, 0.0)  # weight (0 + 1) ** alpha = 1
         den += used
-    for k, steps, ids, count in history_groups(batch, config.hgpo_history + 1):
+    for k, steps, ids, count in history_groups(batch, config.hgpo_history + 1, config.anchor_visits):
         size, mean, std = group_stats(returns[steps], ids, count, unbiased=False)
         a = normalise(returns[steps], mean[ids], std[ids], config.step_norm, config.eps)
         used = (size[ids] >= 2) & (a != 0)

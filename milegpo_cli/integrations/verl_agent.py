@@ -54,7 +54,7 @@ def verl_agent_config(epsilon: float = 1e-6, step_advantage_w: float = 1.0, mode
     if mode not in MODES:
         raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {mode!r}")
     return CreditConfig(**{"episode_norm": MODES[mode], "step_norm": MODES[mode], "episode_stats": "steps",
-                           "anchor_visits": False, "episode_score": "outcome", "episode_scale": 1.0,
+                           "anchor_visits": False, "zero_identical": False, "episode_score": "outcome", "episode_scale": 1.0,
                            "invalid_penalty": 0.1, "std_unbiased": True, "eps": epsilon, "omega": step_advantage_w,
                            "similarity_thresh": similarity_thresh if enable_similarity else 1.0, **overrides})
 
