@@ -24,7 +24,8 @@ from .errors import MilegpoError
 
 # estimators whose step advantage uses the step rewards, and what all-zero rewards leave of them
 ZERO_REWARDS = {"gigpo": "GiGPO's step returns are all 0, so it equals GRPO",
-                "milegpo": "MileGPO's step returns are all 0, only its milestone / trap credit is left per step"}
+                "milegpo": "MileGPO's step returns are all 0, only its milestone / trap credit is left per step",
+                "hgpo": "HGPO's step returns are all 0, so its advantages are 0 (but for invalid-action penalties)"}
 
 
 NEEDS_SUBGOALS = ("oracle-milestones",)  # estimators that read steps[t].subgoals
