@@ -41,7 +41,7 @@ def history_groups(batch: RolloutBatch, depth: int, visits: bool = False):
             key = key.reshape(-1)
         short = batch.step_t < k - 1  # no history of length k: a key of their own, never grouped
         key = np.where(short, key.max(initial=0) + 1 + np.arange(n), key)
-        ids, count = visit_anchors(batch, key, int(key.max(initial=0)) + 1) if visits else (key, 0)
+        ids = visit_anchors(batch, key, int(key.max(initial=0)) + 1)[0] if visits else key
         steps = np.flatnonzero(~short)
         uniq, inverse = np.unique(ids[steps], return_inverse=True)
         yield k, steps, inverse.reshape(-1), uniq.size
