@@ -40,24 +40,28 @@ def centred(*r):
 MEAN = dict(step_norm="mean", graph_gamma=0.2, invalid_penalty=0.1)
 
 
-def test_default_convention_sends_failures_to_fail_and_unreachable_to_zero():
+OLD = dict(graph_final="fail", **MEAN)  # the convention before issue 33
+
+
+def test_old_convention_sends_failures_to_fail_and_unreachable_to_zero():
     # returns from a: R0 -> b: 10 * 0.2 = 2; R1 -> c and R2 -> d reach FAIL only: 0
-    assert np.allclose(a_group(CreditConfig(**MEAN)), centred(2.0, 0.0, 0.0))
+    assert np.allclose(a_group(CreditConfig(**OLD)), centred(2.0, 0.0, 0.0))
 
 
-def test_graph_final_observed_alone():
+def test_graph_final_observed_alone_is_the_default():
     # c -> b (R1's final state) puts c at distance 2: 10 * 0.2^2 = 0.4; d still only reaches e: 0
-    assert np.allclose(a_group(CreditConfig(graph_final="observed", **MEAN)), centred(2.0, 0.4, 0.0))
+    assert CreditConfig().graph_final == "observed"
+    assert np.allclose(a_group(CreditConfig(**MEAN)), centred(2.0, 0.4, 0.0))
 
 
 def test_graph_unreachable_farthest_alone():
     # FAIL terminals: finite distances b = 1, a = 2; c and d unreachable -> 2 + 1 = 3: 10 * 0.2^3 = 0.08
-    assert np.allclose(a_group(CreditConfig(graph_unreachable="farthest", **MEAN)), centred(2.0, 0.08, 0.08))
+    assert np.allclose(a_group(CreditConfig(graph_unreachable="farthest", **OLD)), centred(2.0, 0.08, 0.08))
 
 
 def test_graph_invalid_alone():
     # R1's first step is invalid: its graph return 0 - 0.1
-    assert np.allclose(a_group(CreditConfig(graph_invalid=True, **MEAN)), centred(2.0, -0.1, 0.0))
+    assert np.allclose(a_group(CreditConfig(graph_invalid=True, **OLD)), centred(2.0, -0.1, 0.0))
 
 
 def test_preset_is_the_recipe_on_the_whole_group():
@@ -95,7 +99,7 @@ def test_final_state_round_trips_and_absent_keeps_the_old_graph(tmp_path):
     bare.write_text("\n".join(rollout_line(r) for r in group(final=False)) + "\n")
     out = {}
     for name, src in (("with", path), ("bare", bare)):
-        run_credit_file(src, tmp_path / f"{name}.out", "graphgpo", overrides={"graph_final": "observed", **MEAN})
+        run_credit_file(src, tmp_path / f"{name}.out", "graphgpo", overrides=MEAN)
         out[name] = [json.loads(x)["step_advantage"] for x in (tmp_path / f"{name}.out").read_text().splitlines()]
     assert np.allclose(np.array(out["with"])[[0, 2, 4]], centred(2.0, 0.4, 0.0))
     assert np.allclose(np.array(out["bare"])[[0, 2, 4]], centred(2.0, 0.0, 0.0))  # unknown: FAIL, as before

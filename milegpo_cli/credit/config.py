@@ -75,7 +75,8 @@ class CreditConfig:
     # GraphGPO (docs/algorithms.md, "GraphGPO"): step return c * gamma_G ** d
     graph_c: float = 10.0
     graph_gamma: float = 0.2
-    graph_final: str = "fail"  # last step of a failed rollout: -> FAIL, or "observed": -> its recorded final_state
+    graph_final: str = "observed"  # last step of a failed rollout: -> its recorded final_state (FAIL where the
+    # rollout has none), or "fail": -> FAIL always (before issue 33; bench/baseline_conventions.py chose "observed")
     graph_unreachable: str = "zero"  # r^G where SUCCESS is unreachable: 0, or "farthest": d = max finite d + 1
     graph_invalid: bool = False  # take invalid_penalty off r^G of a flagged row too (recipe/GraphGPO)
     # HGPO (docs/algorithms.md, "HGPO"): hierarchy of history groups, recipe/hgpo/core_hgpo.py
