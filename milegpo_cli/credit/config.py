@@ -26,8 +26,9 @@ VERL_AGENT = {"episode_stats": "steps", "anchor_visits": False, "zero_identical"
 
 
 # The public recipes' settings per environment (run_qwen2.5_1.5b_*_train.sh): recipe/GraphGPO's gamma (its graph
-# gamma_G), recipe/hgpo's mode. A baseline row of `ablate` runs the preset with these (experiments/ablate.py).
-RECIPE_SETTINGS = {("graphgpo", "alfworld"): {"graph_gamma": 0.1}, ("graphgpo", "webshop"): {"graph_gamma": 0.2},
+# gamma_G) and mode, recipe/hgpo's mode. A baseline row of `ablate` runs the preset with these (experiments/ablate.py).
+RECIPE_SETTINGS = {("graphgpo", "alfworld"): {"graph_gamma": 0.1, "episode_norm": "mean_std"},
+                   ("graphgpo", "webshop"): {"graph_gamma": 0.2, "episode_norm": "mean_std"},
                    ("hgpo", "alfworld"): {"episode_norm": "mean_std"}, ("hgpo", "webshop"): {"episode_norm": "mean"}}
 
 
