@@ -16,7 +16,10 @@ advantage function. Float64: verl-agent's explicit float32 casts are run in floa
 is float64). verl-agent's modules import ``verl.DataProto`` for type hints only: when verl does not
 import here, a stand-in is registered. Nothing of verl-agent is vendored: point at a checkout.
 
-    .venv/bin/python bench/verl_agent_recipes_parity.py /path/to/verl-agent [--groups 60] [--seed 0]
+    git clone https://github.com/langfengQ/verl-agent /tmp/verl-agent    # recipe/hgpo since b4918cc,
+    .venv/bin/python bench/verl_agent_recipes_parity.py /tmp/verl-agent  # recipe/GraphGPO since 234a913
+
+Measured at 20bd331 (bench/results/verl_agent_recipes_parity.json; --groups 60, --seed 0 the defaults).
 """
 from __future__ import annotations
 
