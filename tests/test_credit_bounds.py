@@ -8,7 +8,7 @@ from milegpo_cli.credit.registry import ESTIMATORS
 
 BOUND = 1e3
 SETTINGS = settings(max_examples=80, deadline=None)
-MAGNITUDES = [0.0, 1e-9, 0.1, 1.0, 10.0, 100.0]  # a singleton group keeps its raw score (verl-agent): |A| <= 100
+MAGNITUDES = [0.0, 1e-9, 0.1, 1.0, 10.0, 1e4, 1e8]  # outcomes (the preset scores 10 x success instead)
 REWARDS = [0.0, 1e-9, 1.0, 1e4, 1e8]  # step rewards only enter through normalised returns
 
 

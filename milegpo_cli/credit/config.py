@@ -59,7 +59,7 @@ class CreditConfig:
     # SequenceMatcher clustering (enable_similarity) at this ratio
     anchor_visits: bool = False  # anchor group = (state, k-th visit in the rollout); False = the state alone
     # (verl-agent; the default since issue 33: higher ROC-AUC for every estimator, bench/baseline_conventions.py)
-    zero_identical: bool = True  # a group of identical rollouts gets advantage 0 on every step (loops included)
+    zero_identical: bool = True  # a group of identical rollouts (or of one) gets advantage 0 on every step
     preset: str = ""  # "verl-agent": fix the fields of VERL_AGENT (the recipe keeps choosing the norm)
     success_threshold: float = 1.0  # success = outcome >= threshold when a rollout does not say
     gamma: float = 0.95

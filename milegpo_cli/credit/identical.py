@@ -1,6 +1,7 @@
 """Groups of identical rollouts (docs/algorithms.md, "Anchor groups and centring"): every rollout of the group has
-the same states, actions, rewards, invalid flags, outcome and success. Such a group compares nothing, so with
-``zero_identical`` every estimator gives its steps advantage 0, loops included, whatever the anchor groups."""
+the same states, actions, rewards, invalid flags, outcome and success (a group of one rollout included). Such a
+group compares nothing, so with ``zero_identical`` every estimator gives its steps advantage 0, loops included,
+whatever the anchor groups (verl-agent instead gives a single rollout its raw score: mean 0, std 1)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +11,7 @@ from .result import CreditResult
 
 
 def identical_groups(batch: RolloutBatch) -> np.ndarray:
-    """Per group: it has >= 2 rollouts and all of them are identical."""
+    """Per group: all of its rollouts are identical (true for a single rollout)."""
     first: dict[int, tuple] = {}
     same = np.ones(batch.num_groups, dtype=bool)
     invalid = batch.step_invalid if batch.step_invalid is not None else np.zeros(batch.num_steps, bool)
@@ -23,8 +24,7 @@ def identical_groups(batch: RolloutBatch) -> np.ndarray:
                , batch.success[r], batch.step_state[s].tobytes(), batch.step_action[s].tobytes(),
                batch.reward[s].tobytes(), invalid[s].tobytes())
         same[g] = first.setdefault(g, sig) == sig
-    sizes = np.bincount(batch.rollout_group, minlength=batch.num_groups)
-    return same & (sizes >= 2)
+    return same
 
 
 def zero_identical_groups(batch: RolloutBatch, result: CreditResult) -> CreditResult:
