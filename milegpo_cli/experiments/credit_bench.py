@@ -189,6 +189,7 @@ def default_variants(env: str, config: CreditConfig | None = None, ablations: Se
     paper = replace(base, formulation="paper", paper_eta=PAPER_ETA.get(env, base.paper_eta))
     out = [Variant("grpo", "grpo", config=base), Variant("gigpo", "gigpo", config=base),
            Variant("graphgpo", "graphgpo", config=base, reference="gigpo"),
+           Variant("hgpo", "hgpo", config=base, reference="gigpo"),
            Variant("oracle-milestones", "oracle-milestones", config=base, reference="gigpo")]
     for tag, cfg, ref in (("milegpo", ours, "graphgpo"), ("milegpo-v2", v2, "gigpo"), ("milegpo-paper", paper, "gigpo")):
         out.append(Variant(tag, "milegpo", config=cfg, reference=ref))
