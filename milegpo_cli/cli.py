@@ -72,7 +72,7 @@ RecipeOpt = Annotated[str, typer.Option("--recipe", "-r", metavar="NAME|PATH",
 SetOpt = Annotated[Optional[list[str]], typer.Option(
     "--set", "-s", metavar="SECTION.KEY=VALUE", help="Override a recipe key (TOML value, else a string); repeatable [default: none].")]
 AlgoOpt = Annotated[Optional[str], typer.Option(
-    "--algo", metavar="ALGO", help="Credit estimator: grpo, gigpo, graphgpo, milegpo [default: the recipe's run.algo].")]
+    "--algo", metavar="ALGO", help="Credit estimator: grpo, gigpo, graphgpo, milegpo, hgpo [default: the recipe's run.algo].")]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", metavar="INT", help="Run seed [default: the recipe's run.seed].")]
 ModelOpt = Annotated[Optional[str], typer.Option(
     "--model", metavar="MODEL", help="'tiny', a Hugging Face name or a local folder [default: the recipe's policy.model].")]
@@ -190,7 +190,7 @@ def credit(input_arg: Annotated[Optional[Path], typer.Argument(
                help="Rollouts, JSON Lines (docs/rollouts.md) [default: the INPUT argument].")] = None,
            output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE", help="Per-step advantages, JSON Lines.")] = ...,
            algo: Annotated[str, typer.Option("--algo", metavar="ALGO", help=(
-               "grpo, gigpo, graphgpo, milegpo or oracle-milestones (needs steps[t].subgoals)."))] = "milegpo",
+               "grpo, gigpo, graphgpo, milegpo, hgpo or oracle-milestones (needs steps[t].subgoals)."))] = "milegpo",
            drop: DropOpt = None,
            sets: Annotated[Optional[list[str]], typer.Option(
                "--set", "-s", metavar="[credit.]KEY=VALUE",
@@ -221,7 +221,8 @@ def ablate(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, drop: DropOpt = 
            mlflow_uri: MlflowOpt = None, runs_dir: RunsDirOpt = None,
            baselines: Annotated[Optional[list[str]], typer.Option(
                "--baseline", metavar="ALGO",
-               help="Baseline algorithm trained as extra members (repeatable): grpo, gigpo, graphgpo [default: none].")] = None,
+               help="Baseline algorithm trained as extra members (repeatable): grpo, gigpo, graphgpo, hgpo; "
+                    "gigpo, graphgpo and hgpo run their verl-agent recipes (credit.preset) [default: none].")] = None,
            parallel: Annotated[int, typer.Option("--parallel", min=1, metavar="N",
                                help="Members trained at once, each in its own process.")] = 1,
            ablations: Annotated[bool, typer.Option(

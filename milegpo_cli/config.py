@@ -24,7 +24,7 @@ from milegpo_cli.credit.config import CreditConfig
 from milegpo_cli.errors import ConfigError
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
-ALGORITHMS = ("grpo", "gigpo", "graphgpo", "milegpo")  # = milegpo_cli.credit.ALGORITHMS (tested)
+ALGORITHMS = ("grpo", "gigpo", "graphgpo", "milegpo", "hgpo")  # = milegpo_cli.credit.ALGORITHMS (tested)
 SPLITS = ("train", "id", "ood")  # the task splits of every environment (envs/*/suite.py)
 
 
@@ -41,7 +41,7 @@ def _positive(obj: Any, *names: str) -> None:
 @dataclass(frozen=True)
 class RunConfig:
     name: str = ""  # "" -> the trainer names the run from recipe, algo and seed
-    algo: Literal["grpo", "gigpo", "graphgpo", "milegpo"] = "milegpo"
+    algo: Literal["grpo", "gigpo", "graphgpo", "milegpo", "hgpo"] = "milegpo"
     seed: int = 0
     iterations: int = 20
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:1" ... (accelerate decides under launch)

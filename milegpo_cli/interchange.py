@@ -1,7 +1,7 @@
 """The JSON Lines rollout interchange format (docs/rollouts.md) and ``milegpo credit``'s core.
 
 Input, one rollout per line:
-    {"group": str, "rollout": int|str, "outcome": float, "success": bool (optional),
+    {"group": str, "rollout": int|str, "outcome": float, "success": bool (optional), "final_state": str (optional),
      "steps": [{"state": str, "action": str, "reward": float (optional, default 0),
                 "invalid": bool (optional), "subgoals": [str, ...] (optional)}, ...]}
 Output, one line per step:
@@ -24,7 +24,8 @@ from .errors import MilegpoError
 
 # estimators whose step advantage uses the step rewards, and what all-zero rewards leave of them
 ZERO_REWARDS = {"gigpo": "GiGPO's step returns are all 0, so it equals GRPO",
-                "milegpo": "MileGPO's step returns are all 0, only its milestone / trap credit is left per step"}
+                "milegpo": "MileGPO's step returns are all 0, only its milestone / trap credit is left per step",
+                "hgpo": "HGPO's step returns are all 0, so its advantages are 0 (but for invalid-action penalties)"}
 
 
 NEEDS_SUBGOALS = ("oracle-milestones",)  # estimators that read steps[t].subgoals
@@ -95,6 +96,9 @@ def parse_rollout(text: str, line: int) -> Rollout:
     success = obj.get("success")
     if success is not None:
         _bool(success, line, "success")
+    final_state = obj.get("final_state")
+    if final_state is not None:
+        final_state = sys.intern(_string(final_state, line, "final_state"))
     steps = obj["steps"]
     if not isinstance(steps, list):
         raise InterchangeError(line, "steps", "must be a list")
@@ -112,7 +116,7 @@ def parse_rollout(text: str, line: int) -> Rollout:
     return Rollout(group=_string(obj["group"], line, "group"), rollout_id=rid, states=states, actions=actions,
                    rewards=rewards, outcome=_number(obj["outcome"], line, "outcome"), success=success,
                    invalid=_per_step(steps, "invalid", _bool, line),
-                   subgoals=_per_step(steps, "subgoals", _subgoals, line))
+                   subgoals=_per_step(steps, "subgoals", _subgoals, line), final_state=final_state)
 
 
 def iter_rollouts(path: str | Path) -> Iterator[tuple[int, Rollout]]:
@@ -150,6 +154,8 @@ def rollout_line(r: Rollout) -> str:
     obj = {"group": r.group, "rollout": r.rollout_id, "outcome": float(r.outcome)}
     if r.success is not None:
         obj["success"] = bool(r.success)
+    if r.final_state is not None:
+        obj["final_state"] = r.final_state
     obj["steps"] = steps = [{"state": s, "action": a, "reward": float(w)}
                             for s, a, w in zip(r.states, r.actions, r.rewards)]
     if r.invalid is not None:

@@ -66,7 +66,7 @@ def test_unknown_run_is_one_line_exit_2(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--set", "ppo.lrr=1"], "error: unknown key 'ppo.lrr' (allowed: lr,"),
     (["--set", "ppo.lr=abc"], "error: ppo.lr: expected float, got 'abc'"),
-    (["--algo", "ppo"], "error: run.algo: expected one of 'grpo', 'gigpo', 'graphgpo', 'milegpo', got 'ppo'"),
+    (["--algo", "ppo"], "error: run.algo: expected one of 'grpo', 'gigpo', 'graphgpo', 'milegpo', 'hgpo', got 'ppo'"),
     (["--iterations", "0"], "error: run.iterations: must be >= 1, got 0"),
     (["--drop", "everything"], "error: credit.drop: unknown component"),
     (["--recipe", "nope"], "error: recipe 'nope' not found"),

@@ -87,7 +87,7 @@ def test_flags_override_sets_and_skip_none():
     ("run.seed=true", "run.seed: expected int, got True"),
     ("eval.greedy=1", "eval.greedy: expected bool (true/false), got 1"),
     ("ppo.lr=nan", "ppo.lr: expected a finite float, got nan"),
-    ("run.algo=ppo", "run.algo: expected one of 'grpo', 'gigpo', 'graphgpo', 'milegpo', got 'ppo'"),
+    ("run.algo=ppo", "run.algo: expected one of 'grpo', 'gigpo', 'graphgpo', 'milegpo', 'hgpo', got 'ppo'"),
     ("ppo.lr_schedule=step", "ppo.lr_schedule: expected one of 'constant', 'linear', 'cosine'"),
     ("eval.splits=[1]", "eval.splits[0]: expected str, got 1"),
     ("ppo=3", "bad override key 'ppo': expected section.key"),

@@ -55,7 +55,7 @@ def test_expert_policy_follows_the_oracle(recording):
 def test_table_has_every_method_with_valid_intervals(recording):
     rec = cb.Recording.from_records(recording[2])
     variants = cb.default_variants("webshop")
-    assert {v.name for v in variants} >= {"grpo", "gigpo", "graphgpo", "milegpo", "milegpo-paper",
+    assert {v.name for v in variants} >= {"grpo", "gigpo", "graphgpo", "hgpo", "milegpo", "milegpo-paper",
                                           "milegpo-no-reliability", "milegpo-paper-no-same-state"}
     rows = cb.evaluate(rec.subset(rec.p > 0), variants, n_resamples=200)
     assert [r["method"] for r in rows] == [v.name for v in variants]

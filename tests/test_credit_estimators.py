@@ -1,4 +1,6 @@
 """Hand-computed small groups for every estimator (exact numbers)."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -38,9 +40,13 @@ def test_grpo_mean_std_and_mean():
 
 
 def test_grpo_single_rollout_follows_verl_agent():
-    # verl-agent: a one-rollout group has mean 0 and std 1
-    res = compute_advantages(batch(("g", 0, ["s", "t"], ["a", "b"], [0, 0], 0.7)), "grpo", EPS)
+    # verl-agent: a one-rollout group has mean 0 and std 1 (zero_identical off, as in the preset)
+    res = compute_advantages(batch(("g", 0, ["s", "t"], ["a", "b"], [0, 0], 0.7)), "grpo",
+                             dataclasses.replace(EPS, zero_identical=False))
     assert np.allclose(res.advantage, [0.7, 0.7])
+    # by default a group of one rollout compares nothing: 0, so no outcome reaches A unnormalised
+    res = compute_advantages(batch(("g", 0, ["s", "t"], ["a", "b"], [0, 0], 5000.0)), "grpo", EPS)
+    assert np.allclose(res.advantage, [0.0, 0.0])
 
 
 def test_gigpo_hand_computed():

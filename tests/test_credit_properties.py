@@ -123,8 +123,10 @@ def reference_distances(b):
 @given(rollout_lists())
 def test_progress_signal_follows_graph_distance(rollouts):
     b = RolloutBatch.from_rollouts(rollouts)
-    v3 = compute_advantages(b, "milegpo", CreditConfig(), drop={"milestones", "traps"})
-    v2 = compute_advantages(b, "milegpo", CreditConfig(formulation="v2"), drop={"milestones", "traps"})
+    # zero_identical off: the credit of a group of one rollout (or of identical ones) is kept, not zeroed
+    v3 = compute_advantages(b, "milegpo", CreditConfig(zero_identical=False), drop={"milestones", "traps"})
+    v2 = compute_advantages(b, "milegpo", CreditConfig(formulation="v2", zero_identical=False),
+                            drop={"milestones", "traps"})
     dist = reference_distances(b)
     has_success = np.bincount(b.rollout_group[b.success], minlength=b.num_groups) > 0
     for i in range(b.num_steps):

@@ -84,7 +84,7 @@ def test_ablate_resumes_and_reports(tmp_path):
     assert {a.path for a in client.list_artifacts(parent, "report")} >= {"report/report_success_ood.png"}
     assert len(compare(store, [f"exp:{exp_id}"], tmp_path / "cmp")["runs"]) == 3
     d = diagnose(store, runs[1]["id"], n_resamples=50)
-    assert d["labelled_steps"] > 0 and len(d["credit"]) == 1 + 7
+    assert d["labelled_steps"] > 0 and len(d["credit"]) == 1 + 8
 
 
 def test_gigpo_baseline_rows_use_the_verl_agent_preset():
@@ -96,3 +96,18 @@ def test_gigpo_baseline_rows_use_the_verl_agent_preset():
     assert member_config(config, Member("milegpo", ("traps",), 1)).credit.preset == ""
     chosen = load_config("webshop", ['credit.preset=""', "run.algo=gigpo"])
     assert member_config(chosen, Member("gigpo", (), 0)).credit.preset == ""  # the method itself, as configured
+
+
+def test_graphgpo_and_hgpo_baseline_rows_run_their_recipes():
+    """The public recipes' settings per environment (run_qwen2.5_1.5b_*_train.sh): GraphGPO gamma_G 0.1 on
+    ALFWorld and 0.2 on WebShop, mean_std_norm on both; HGPO mean_std_norm on ALFWorld and mean_norm on WebShop."""
+    from milegpo_cli.config import load_config
+    from milegpo_cli.experiments.ablate import Member, member_config
+
+    for env, gamma_g, hgpo_norm in (("alfworld", 0.1, "mean_std"), ("webshop", 0.2, "mean")):
+        config = load_config(env)
+        graph = member_config(config, Member("graphgpo", (), 0)).credit
+        assert (graph.preset, graph.graph_gamma, graph.graph_final, graph.graph_unreachable, graph.graph_invalid,
+                graph.step_norm) == ("verl-agent", gamma_g, "observed", "farthest", True, "mean_std")
+        hgpo = member_config(config, Member("hgpo", (), 0)).credit
+        assert (hgpo.preset, hgpo.step_norm, hgpo.hgpo_history, hgpo.anchor_visits) == ("verl-agent", hgpo_norm, 2, False)

@@ -204,3 +204,19 @@ def test_report_counts_a_member_trained_by_two_experiments_once(store, experimen
     assert len(mile["runs"]) == 3 and rid not in mile["runs"] and rep.data["duplicates"] == {rid: first}
     assert mile["metrics"]["success"]["id"] == alone
     assert R.build_report(store, other).data["methods"]["milegpo"]["runs"] == [rid]  # alone, it is reported
+
+
+def test_graphgpo_under_the_preset_is_its_own_method(store, tmp_path):
+    """issue 33: the faithful GraphGPO rows are told apart from those of the old convention."""
+    exp = store.create_experiment("exp-graph", kind="ablate")
+    for name, preset in (("old", ""), ("faithful", "verl-agent")):
+        rid = store.create_run(name, algo="graphgpo", seed=0, experiment_id=exp,
+                               config={"env": {"name": "alfworld"}, "credit": {"preset": preset}})
+        store.record_iteration(rid, 1, {"steps": 10.0})
+        for split in ("id", "ood"):
+            store.record_evaluation(rid, split, {}, episodes(split, {"pick": 0.5}), iteration=1)
+        store.set_status(rid, "finished")
+    rep = R.build_report(store, exp, by="algo")
+    assert set(rep.data["methods"]) == {"graphgpo", "graphgpo (verl-agent)"}
+    assert {r["method"] for r in compare(store, [f"exp:{exp}"], tmp_path / "cmp")["runs"]} == {
+        "graphgpo", "graphgpo (verl-agent)"}

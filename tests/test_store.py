@@ -272,6 +272,12 @@ def test_v1_store_is_upgraded_in_place(store_url):
         assert "progress_ok_v1" not in cols and cols["progress_ok"].python_type is float
         s.record_iteration(run["id"], 2, {}, batch(1), [candidate(progress_ok=0.5)])  # a v2 write
         assert [c["progress_ok"] for c in s.candidates(run["id"], 2)] == [0.5]
+        # v3: episodes.final_state, unknown (NULL) for the old rows, written for new ones
+        assert [e["final_state"] for e in s.episodes(run["id"], evaluation_id=evs[0]["id"])] == [None]
+        ep = episode(index=0, success=False, steps=2)
+        ep.final_state = "after the last step"
+        s.record_iteration(run["id"], 3, {}, [ep])
+        assert [e["final_state"] for e in s.episodes(run["id"], iteration=3)] == ["after the last step"]
     with RunStore(store_url) as s:  # opening it again changes nothing
         assert len(s.candidates(run["id"])) == 4
         assert s.evaluations(run["id"])[0]["phase"] == "untrained"

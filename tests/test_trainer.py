@@ -139,6 +139,7 @@ def test_rollout_command_evaluates_a_checkpoint_and_records(tmp_path, models_dir
     lines = [json.loads(x) for x in record.read_text().splitlines()]
     assert len(lines) == 3 and all(len(x["steps"]) >= 1 for x in lines)
     assert all(isinstance(s["invalid"], bool) and isinstance(s["subgoals"], list) for x in lines for s in x["steps"])
+    assert all(isinstance(x["final_state"], str) and x["final_state"] for x in lines)
     with pytest.raises(Exception, match="no checkpoint for iteration 7"):
         loop.evaluate(store, run_id, "ood", 3, checkpoint=7, console=quiet())
 

@@ -79,6 +79,23 @@ def test_groups_share_tasks_and_reward_convention(suite, models):
         assert e.rewards[-1] == (10.0 if e.won else 0.0)
 
 
+def test_episodes_record_the_real_state_after_their_last_step(suite, models):
+    """final_state (issue 33): replaying an episode's actions in a fresh engine ends in the recorded state,
+    won or not; the credit view and the store record carry it."""
+    policy = make_policy(suite, models)
+    tasks = suite.tasks("train", 2, seed=4)
+    torch.manual_seed(1)
+    eps = run_episodes(policy, suite.make_vector_env(4, oracle=False), tasks, 2, max_steps=suite.max_steps,
+                       success_reward=10.0, invalid_penalty=0.1)
+    replay = suite.make_vector_env(1, oracle=False)
+    for e in eps:
+        replay.reset([e.task])
+        for a in e.actions:
+            [res] = replay.step([a if a is not None else INVALID_ACTION])
+        assert e.final_state and e.final_state == res.observation.state_key
+        assert loop.to_rollout(e).final_state == loop.episode_record(e).final_state == e.final_state
+
+
 def test_invalid_generate_replies_are_penalised_not_crashes(suite, models):
     policy = make_policy(suite, models, action_mode="generate", max_new_tokens=6)
     venv = suite.make_vector_env(2)

@@ -6,6 +6,7 @@ ids), so that every graph computation is a vectorised operation on integer array
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -33,6 +34,7 @@ class Rollout:
     success: bool | None = None  # None -> outcome >= success_threshold
     invalid: Sequence[bool] | None = None  # per step: the reply was unparsable / inadmissible (verl-agent penalty)
     subgoals: Sequence[Sequence[str]] | None = None  # per step: true subgoals newly reached (oracle-milestones)
+    final_state: str | None = None  # kappa(s_T), the state the last step led to; None = unknown
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,6 +46,8 @@ class RolloutBatch:
     interned state id), ``step_action`` (global interned action id), ``step_pair`` (interned
     (state, action) pair), ``step_last`` (last step of its rollout), ``step_success``, ``reward``.
     Per state id (length S): ``state_keys``, ``state_group``. Per pair id: ``pair_state``.
+    ``rollout_final``: per rollout, the state id of its recorded final state, -1 where unknown; final
+    states are interned after every step state, so the step-state ids do not depend on them.
     """
 
     group_names: tuple[str, ...]
@@ -69,6 +73,7 @@ class RolloutBatch:
     step_invalid: np.ndarray | None = None
     step_subgoals: np.ndarray | None = None
     has_subgoals: bool = False
+    rollout_final: np.ndarray | None = None
 
     @property
     def num_groups(self) -> int:
@@ -142,6 +147,9 @@ class RolloutBatch:
             actions_flat.extend(a_ids)
             pairs_flat.extend(pair_ids.setdefault(sa, len(pair_ids)) for sa in zip(s_ids, a_ids))
             rewards_flat.extend(r.rewards)
+        final = [-1 if r.final_state is None else
+                 state_ids.setdefault((group_index[r.group], sys.intern(str(r.final_state))), len(state_ids))
+                 for r in rollouts]
         reward = np.asarray(rewards_flat, dtype=np.float64)
         if reward.size and not np.isfinite(reward).all():
             bad = int(np.flatnonzero(~np.isfinite(reward))[0])
@@ -177,4 +185,5 @@ class RolloutBatch:
             step_invalid=np.asarray(invalid_flat, dtype=bool),
             step_subgoals=np.asarray(subgoals_flat, dtype=np.int64),
             has_subgoals=has_subgoals,
+            rollout_final=np.asarray(final, dtype=np.int64),
         )

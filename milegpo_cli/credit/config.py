@@ -15,10 +15,21 @@ def canonical_formulation(name: str) -> str:
     """A formulation's current name ("ours", the old name of "v2", read as "v2")."""
     return "v2" if name == "ours" else name
 PRESETS = ("", "verl-agent")
+GRAPH_FINALS = ("fail", "observed")
+GRAPH_UNREACHABLES = ("zero", "farthest")
 # verl-agent's GiGPO conventions (docs/algorithms.md, preset; gigpo/core_gigpo.py): statistics over step rows, one
 # normalisation mode for both levels, episode score 10 x success, invalid-format penalty 0.1 on that row.
-VERL_AGENT = {"episode_stats": "steps", "anchor_visits": False, "std_unbiased": True, "eps": 1e-6, "episode_score": "success",
-              "episode_scale": 10.0, "invalid_penalty": 0.1, "gamma": 0.95, "omega": 1.0}
+# recipe/GraphGPO (core_graph.py, rollout_loop.py, graphgpo_ray_trainer.py) adds its three graph conventions.
+VERL_AGENT = {"episode_stats": "steps", "anchor_visits": False, "zero_identical": False, "std_unbiased": True, "eps": 1e-6, "episode_score": "success",
+              "episode_scale": 10.0, "invalid_penalty": 0.1, "gamma": 0.95, "omega": 1.0,
+              "graph_final": "observed", "graph_unreachable": "farthest", "graph_invalid": True}
+
+
+# The public recipes' settings per environment (run_qwen2.5_1.5b_*_train.sh): recipe/GraphGPO's gamma (its graph
+# gamma_G) and mode, recipe/hgpo's mode. A baseline row of `ablate` runs the preset with these (experiments/ablate.py).
+RECIPE_SETTINGS = {("graphgpo", "alfworld"): {"graph_gamma": 0.1, "episode_norm": "mean_std"},
+                   ("graphgpo", "webshop"): {"graph_gamma": 0.2, "episode_norm": "mean_std"},
+                   ("hgpo", "alfworld"): {"episode_norm": "mean_std"}, ("hgpo", "webshop"): {"episode_norm": "mean"}}
 
 
 def canonical_drop(drop) -> frozenset[str]:
@@ -46,8 +57,9 @@ class CreditConfig:
     # flagged invalid (Rollout.invalid); 0 when the rewards already carry the penalty (our trainer)
     similarity_thresh: float = 1.0  # anchor groups: 1 = exact key match; < 1 = verl-agent's greedy
     # SequenceMatcher clustering (enable_similarity) at this ratio
-    anchor_visits: bool = True  # anchor group = (state, k-th visit in the rollout): identical rollouts
-    # give 0 even with loops; False = the state alone (verl-agent)
+    anchor_visits: bool = False  # anchor group = (state, k-th visit in the rollout); False = the state alone
+    # (verl-agent; the default since issue 33: higher ROC-AUC for every estimator, bench/baseline_conventions.py)
+    zero_identical: bool = True  # a group of identical rollouts (or of one) gets advantage 0 on every step
     preset: str = ""  # "verl-agent": fix the fields of VERL_AGENT (the recipe keeps choosing the norm)
     success_threshold: float = 1.0  # success = outcome >= threshold when a rollout does not say
     gamma: float = 0.95
@@ -64,6 +76,14 @@ class CreditConfig:
     # GraphGPO (docs/algorithms.md, "GraphGPO"): step return c * gamma_G ** d
     graph_c: float = 10.0
     graph_gamma: float = 0.2
+    graph_final: str = "observed"  # last step of a failed rollout: -> its recorded final_state (FAIL where the
+    # rollout has none), or "fail": -> FAIL always (before issue 33; bench/baseline_conventions.py chose "observed")
+    graph_unreachable: str = "zero"  # r^G where SUCCESS is unreachable: 0, or "farthest": d = max finite d + 1
+    graph_invalid: bool = False  # take invalid_penalty off r^G of a flagged row too (recipe/GraphGPO)
+    # HGPO (docs/algorithms.md, "HGPO"): hierarchy of history groups, recipe/hgpo/core_hgpo.py
+    hgpo_history: int = 2  # history_length: groups keyed by the last k states, k = 1 .. hgpo_history + 1
+    hgpo_alpha: float = 1.0  # length_weight_alpha: group weight (k + 1) ** alpha
+    hgpo_base_group: bool = False  # base_group: add the episode advantage as a k = 0 group
     # MileGPO, the paper's construction (docs/algorithms.md); weights the summary does not report are 1
     paper_eta: float = 0.2  # ALFWorld 0.2, WebShop 1.0
     paper_omega: float = 0.2  # potential decay with distance
@@ -94,7 +114,8 @@ class CreditConfig:
                 object.__setattr__(self, name, value)
             object.__setattr__(self, "step_norm", self.episode_norm)  # verl-agent: one `mode` for both
         for name, allowed in (("episode_norm", NORMS), ("step_norm", NORMS), ("episode_score", EPISODE_SCORES),
-                              ("episode_stats", EPISODE_STATS), ("formulation", FORMULATIONS)):
+                              ("episode_stats", EPISODE_STATS), ("formulation", FORMULATIONS),
+                              ("graph_final", GRAPH_FINALS), ("graph_unreachable", GRAPH_UNREACHABLES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}: must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         for f in fields(self):
@@ -102,11 +123,13 @@ class CreditConfig:
             if f.type in ("float", float):
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                     raise ValueError(f"{f.name}: must be a finite number, got {v!r}")
-        for name in ("std_unbiased", "anchor_visits"):
+        for name in ("std_unbiased", "anchor_visits", "zero_identical", "graph_invalid", "hgpo_base_group"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be a boolean, got {getattr(self, name)!r}")
         if isinstance(self.m_min, bool) or not isinstance(self.m_min, int) or self.m_min < 1:
             raise ValueError(f"m_min: must be an integer >= 1, got {self.m_min!r}")
+        if isinstance(self.hgpo_history, bool) or not isinstance(self.hgpo_history, int) or self.hgpo_history < 0:
+            raise ValueError(f"hgpo_history: must be an integer >= 0, got {self.hgpo_history!r}")
         if self.eps <= 0:
             raise ValueError(f"eps: must be > 0, got {self.eps}")
         if self.prior_strength <= 0:
@@ -118,7 +141,7 @@ class CreditConfig:
                 raise ValueError(f"{name}: must be in [0, 1], got {getattr(self, name)}")
         if self.paper_omega <= 0:
             raise ValueError(f"paper_omega: must be > 0, got {self.paper_omega}")
-        for name in ("omega", "invalid_penalty", "lambda_m", "lambda_t", "lambda_p", "g_p", "g_b", "graph_c", "paper_eta",
+        for name in ("omega", "invalid_penalty", "hgpo_alpha", "lambda_m", "lambda_t", "lambda_p", "g_p", "g_b", "graph_c", "paper_eta",
                      "paper_gamma_phi", "paper_lambda", "paper_w_plus", "paper_w_minus", "paper_w_pcc",
                      "paper_reject"):
             if getattr(self, name) < 0:

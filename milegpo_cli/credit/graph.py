@@ -26,12 +26,21 @@ class RolloutGraph:
         return self.success + 2
 
 
-def next_nodes(batch: RolloutBatch) -> np.ndarray:
-    """kappa(s_{t+1}) per step, SUCCESS (= S) or FAIL (= S + 1) after the last step."""
+def next_nodes(batch: RolloutBatch, observed_final: bool = False) -> np.ndarray:
+    """kappa(s_{t+1}) per step, SUCCESS (= S) or FAIL (= S + 1) after the last step.
+
+    ``observed_final``: the last step of a failed rollout that records its ``final_state`` enters
+    that state instead of FAIL (recipe/GraphGPO's rollout_loop keeps the environment's real next
+    observation; only a success is replaced by the success node).
+    """
     nxt = np.empty(batch.num_steps, dtype=np.int64)
     nxt[:-1] = batch.step_state[1:]
     last = batch.step_last
-    nxt[last] = np.where(batch.step_success[last], batch.num_states, batch.num_states + 1)
+    end = np.where(batch.step_success[last], batch.num_states, batch.num_states + 1)
+    if observed_final and batch.rollout_final is not None:
+        final = batch.rollout_final[batch.step_rollout[last]]
+        end = np.where(~batch.step_success[last] & (final >= 0), final, end)
+    nxt[last] = end
     return nxt
 
 
@@ -117,8 +126,9 @@ def decayed_max(src: np.ndarray, dst: np.ndarray, num_nodes: int, value: np.ndar
     return np.where(np.isfinite(d), np.exp(-d), 0.0)
 
 
-def build_graph(batch: RolloutBatch) -> RolloutGraph:
-    nxt = next_nodes(batch)
+def build_graph(batch: RolloutBatch, observed_final: bool = False) -> RolloutGraph:
+    """The group graphs of ``batch``; ``observed_final``: see :func:`next_nodes`."""
+    nxt = next_nodes(batch, observed_final)
     s = batch.num_states
     dist = distance_to(batch.step_state, nxt, s + 2, s)
     return RolloutGraph(next_node=nxt, first_visit=first_visits(batch), distance=dist, success=s)

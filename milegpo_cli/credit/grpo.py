@@ -50,20 +50,30 @@ def episode_advantage(batch: RolloutBatch, config: CreditConfig) -> tuple[np.nda
     Statistics over the rollouts of the group (``episode_stats="rollouts"``) or over its step rows
     (``"steps"``, verl-agent's default). A group with a single entry has mean 0 and std 1, as in
     verl-agent (so its advantage is the raw scaled outcome). A step row flagged invalid scores
-    R_i - invalid_penalty (verl-agent subtracts it from that row's token-level score); the per-rollout
-    value is the unpenalised one.
+    R_i - invalid_penalty (verl-agent subtracts it from that row's token-level score) under ``"steps"``,
+    where the penalised rows make the statistics; under ``"rollouts"`` the penalty is taken off the
+    row's normalised advantage instead, A^E_i - invalid_penalty: dividing it by a std it took no part
+    in would give -p / eps = -1e5 in a group of equal scores. The per-rollout value is the unpenalised one.
     """
     score = episode_score(batch, config)
-    row = score[batch.step_rollout] - invalid_penalty(batch, config)
+    penalty = invalid_penalty(batch, config)
+    g, sg = batch.rollout_group, batch.step_group
     if config.episode_stats == "rollouts":
         n, mean, std = group_stats(score, batch.rollout_group, batch.num_groups, config.std_unbiased)
-    else:
-        n, mean, std = group_stats(row, batch.step_group, batch.num_groups, config.std_unbiased)
-    single = n <= 1
-    mean[single], std[single] = 0.0, 1.0
-    g, sg = batch.rollout_group, batch.step_group
+        singleton_defaults(n, mean, std)
+        rollout_adv = normalise(score, mean[g], std[g], config.episode_norm, config.eps)
+        return rollout_adv, rollout_adv[batch.step_rollout] - penalty
+    row = score[batch.step_rollout] - penalty
+    n, mean, std = group_stats(row, batch.step_group, batch.num_groups, config.std_unbiased)
+    singleton_defaults(n, mean, std)
     return (normalise(score, mean[g], std[g], config.episode_norm, config.eps),
             normalise(row, mean[sg], std[sg], config.episode_norm, config.eps))
+
+
+def singleton_defaults(n: np.ndarray, mean: np.ndarray, std: np.ndarray) -> None:
+    """A group with a single entry: mean 0, std 1 (verl-agent), in place."""
+    single = n <= 1
+    mean[single], std[single] = 0.0, 1.0
 
 
 def grpo(batch: RolloutBatch, config: CreditConfig, drop: frozenset = frozenset()) -> CreditResult:

@@ -27,7 +27,7 @@ def reliability(n_pos: np.ndarray, n_neg: np.ndarray, p_bar: np.ndarray, k: floa
 
 
 def milegpo_v2(batch: RolloutBatch, config: CreditConfig, drop: frozenset) -> CreditResult:
-    graph = build_graph(batch)
+    graph = build_graph(batch, config.graph_final == "observed")
     ev = state_evidence(batch, graph)
     s_count, n = batch.num_states, batch.num_steps
 

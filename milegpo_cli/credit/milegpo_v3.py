@@ -51,7 +51,7 @@ def progress_signal(batch: RolloutBatch, distance: np.ndarray, next_node: np.nda
 
 
 def milegpo_v3(batch: RolloutBatch, config: CreditConfig, drop: frozenset) -> CreditResult:
-    graph = build_graph(batch)
+    graph = build_graph(batch, config.graph_final == "observed")
     ev = state_evidence(batch, graph)
     s_count, n, grp, k = batch.num_states, batch.num_steps, batch.state_group, config.prior_strength
 

@@ -53,7 +53,7 @@ def candidate_scores(batch, graph, ev, milestone, trap, config):
 
 
 def milegpo_paper(batch: RolloutBatch, config: CreditConfig, drop: frozenset) -> CreditResult:
-    graph = build_graph(batch)
+    graph = build_graph(batch, config.graph_final == "observed")
     ev = state_evidence(batch, graph)
     s, grp, g = batch.num_states, batch.state_group, batch.num_groups
     milestone, trap = discover(ev, grp, config.m_min)

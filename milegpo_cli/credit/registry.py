@@ -9,6 +9,8 @@ from .batch import RolloutBatch
 from .config import CreditConfig, canonical_drop
 from .gigpo import gigpo
 from .graphgpo import graphgpo
+from .hgpo import hgpo
+from .identical import zero_identical_groups
 from .grpo import grpo
 from .milegpo import milegpo_v2
 from .milegpo_v3 import milegpo_v3
@@ -26,7 +28,7 @@ def milegpo(batch: RolloutBatch, config: CreditConfig, drop: frozenset) -> Credi
 
 
 ESTIMATORS: dict[str, Callable[[RolloutBatch, CreditConfig, frozenset], CreditResult]] = {
-    "grpo": grpo, "gigpo": gigpo, "graphgpo": graphgpo, "milegpo": milegpo,
+    "grpo": grpo, "gigpo": gigpo, "graphgpo": graphgpo, "milegpo": milegpo, "hgpo": hgpo,
 }
 ALGORITHMS = tuple(ESTIMATORS)  # trainable (milegpo_cli.config.ALGORITHMS)
 DIAGNOSTIC = {"oracle-milestones": oracle_milestones}  # needs the true subgoals: reference rows only
@@ -39,6 +41,7 @@ def compute_advantages(batch: RolloutBatch, algo: str, config: CreditConfig | No
 
     ``drop`` (united with ``config.drop``) names MileGPO components to ablate; other estimators
     have no components and ignore it (so an ablation sweep can run its baselines unchanged).
+    ``config.zero_identical``: the steps of a group of identical rollouts get 0 (credit/identical.py).
     """
     if algo not in ESTIMATORS:
         raise ValueError(f"algo: unknown algorithm {algo!r}; allowed: {', '.join(ESTIMATORS)}")
@@ -46,4 +49,5 @@ def compute_advantages(batch: RolloutBatch, algo: str, config: CreditConfig | No
     dropped = canonical_drop(drop) | canonical_drop(config.drop)
     if not np.isfinite(batch.outcome).all() or not np.isfinite(batch.reward).all():
         raise ValueError("batch: outcomes and rewards must be finite")
-    return ESTIMATORS[algo](batch, config, dropped)
+    result = ESTIMATORS[algo](batch, config, dropped)
+    return zero_identical_groups(batch, result) if config.zero_identical else result

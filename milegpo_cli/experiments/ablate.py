@@ -25,7 +25,7 @@ from typing import Sequence
 from rich.table import Table as RichTable
 
 from milegpo_cli.config import Config
-from milegpo_cli.credit.config import canonical_drop
+from milegpo_cli.credit.config import RECIPE_SETTINGS, canonical_drop
 from milegpo_cli.errors import RunNotFound
 from milegpo_cli.experiments.diagnostics import BASELINES, DEFAULT_ABLATIONS
 from milegpo_cli.experiments.runs import ExperimentError
@@ -67,14 +67,19 @@ def seed_major(plan: Sequence[tuple[Member, int]]) -> list[tuple[Member, int]]:
     return sorted(plan, key=lambda item: item[0].seed)
 
 
+PRESET_BASELINES = ("gigpo", "graphgpo", "hgpo")
+
+
 def member_config(config: Config, m: Member) -> Config:
-    """The member's config; a GiGPO baseline row runs verl-agent's conventions (``credit.preset =
-    "verl-agent"``) unless the recipe chose a preset, so that the baseline is the one users know."""
+    """The member's config; a GiGPO, GraphGPO or HGPO baseline row runs verl-agent's conventions (``credit.preset =
+    "verl-agent"``, with the public recipe's gamma_G / mode for the environment, ``RECIPE_SETTINGS``) unless the
+    recipe chose a preset, so that the baseline is the one its authors run."""
     d = config.to_dict()
     d["run"].update(algo=m.algo, seed=m.seed, name="")
     d["credit"]["drop"] = list(m.drop)
-    if m.algo == "gigpo" and m.algo != config.run.algo and not d["credit"].get("preset"):
+    if m.algo in PRESET_BASELINES and m.algo != config.run.algo and not d["credit"].get("preset"):
         d["credit"]["preset"] = "verl-agent"
+        d["credit"].update(RECIPE_SETTINGS.get((m.algo, config.env.name), {}))
     return Config.from_dict(d)
 
 

@@ -69,7 +69,7 @@ def record_group(env, task: Task, p: float, group_size: int, seed: int,
     """Play ``group_size`` rollouts of ``task`` with ``expert_or_random(p)`` in one vector env.
 
     Rewards follow the trainer (verl-agent): ``success_reward`` on the winning step, else 0.
-    Returns one record per rollout (docs/rollouts.md fields plus ``oracle_good`` / ``subgoals``
+    Returns one record per rollout (docs/rollouts.md fields, ``final_state`` included, plus ``oracle_good`` / ``subgoals``
     per step and ``task_id``, ``task_type``, ``split``, ``p``, ``error`` per rollout).
     """
     if not 0.0 <= p <= 1.0:
@@ -79,6 +79,7 @@ def record_group(env, task: Task, p: float, group_size: int, seed: int,
     obs = env.reset([task] * group_size)
     steps: list[list[dict]] = [[] for _ in range(group_size)]
     won, score, error = [False] * group_size, [0.0] * group_size, [None] * group_size
+    final: list[str | None] = [None] * group_size
     active = [True] * group_size
     while any(active):
         actions = [expert_or_random(o, p, rng) if a else None for o, a, rng in zip(obs, active, rngs)]
@@ -92,11 +93,11 @@ def record_group(env, task: Task, p: float, group_size: int, seed: int,
                              "reward": success_reward if (res.done and res.won) else 0.0,
                              "oracle_good": good, "subgoals": list(res.subgoals)})
             obs[i], active[i] = res.observation, not res.done
-            won[i], score[i] = res.won, res.score
+            won[i], score[i], final[i] = res.won, res.score, res.observation.state_key
             error[i] = error[i] or (res.error.splitlines()[-1] if res.error else None)
     return [{"group": name, "rollout": i, "outcome": float(score[i]), "success": bool(won[i]),
              "task_id": task.task_id, "task_type": task.task_type, "split": task.split, "p": p,
-             "error": error[i], "steps": steps[i]} for i in range(group_size)]
+             "error": error[i], "final_state": final[i], "steps": steps[i]} for i in range(group_size)]
 
 
 def read_records(path: str | Path) -> list[dict]:
@@ -188,6 +189,7 @@ def default_variants(env: str, config: CreditConfig | None = None, ablations: Se
     paper = replace(base, formulation="paper", paper_eta=PAPER_ETA.get(env, base.paper_eta))
     out = [Variant("grpo", "grpo", config=base), Variant("gigpo", "gigpo", config=base),
            Variant("graphgpo", "graphgpo", config=base, reference="gigpo"),
+           Variant("hgpo", "hgpo", config=base, reference="gigpo"),
            Variant("oracle-milestones", "oracle-milestones", config=base, reference="gigpo")]
     for tag, cfg, ref in (("milegpo", ours, "graphgpo"), ("milegpo-v2", v2, "gigpo"), ("milegpo-paper", paper, "gigpo")):
         out.append(Variant(tag, "milegpo", config=cfg, reference=ref))
@@ -217,7 +219,7 @@ class Recording:
             rollouts.append(Rollout(group=r["group"], rollout_id=r["rollout"], states=[s["state"] for s in steps],
                                     actions=[s["action"] for s in steps], rewards=[s["reward"] for s in steps],
                                     outcome=r["outcome"], success=r["success"],
-                                    subgoals=[s["subgoals"] for s in steps]))
+                                    subgoals=[s["subgoals"] for s in steps], final_state=r.get("final_state")))
             good += [s["oracle_good"] for s in steps]
             sub += [s["subgoals"] for s in steps]
             p.append(r["p"])

@@ -27,7 +27,7 @@ from milegpo_cli.errors import MilegpoError
 from milegpo_cli.experiments.stats import CONFIDENCE, Estimate
 
 DEFAULT_ABLATIONS = ("reliability", "progress", "same-state")
-BASELINES = ("grpo", "gigpo", "graphgpo")
+BASELINES = ("grpo", "gigpo", "graphgpo", "hgpo")
 N_RESAMPLES = 1000
 
 

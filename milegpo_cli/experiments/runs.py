@@ -77,10 +77,14 @@ class RunData:
     curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # metric -> (iteration, value)
     root: str = "runs"  # the run's output folder (config store.root), for default plot folders
     formulation: str = DEFAULT_FORMULATION  # MileGPO's credit.formulation
+    preset: str = ""  # credit.preset
 
     @property
     def variant(self) -> str:
-        """`` (<formulation>)`` for a MileGPO run of a formulation other than the default, else ``""``."""
+        """`` (<formulation>)`` for a MileGPO run of a formulation other than the default, `` (verl-agent)`` for a
+        GraphGPO run under that preset (told apart from the rows of the old convention), else ``""``."""
+        if self.algo == "graphgpo" and self.preset == "verl-agent":
+            return " (verl-agent)"
         return f" ({self.formulation})" if self.algo == "milegpo" and self.formulation != DEFAULT_FORMULATION else ""
 
     @property
@@ -153,6 +157,7 @@ def load_run(store, ref: int | str) -> RunData:
         steps=int(steps), wall_s=wall, evals=tuple(_evals(store, run["id"], last)), curves=curves,
         root=(config.get("store") or {}).get("root") or "runs",
         formulation=canonical_formulation((config.get("credit") or {}).get("formulation") or DEFAULT_FORMULATION),
+        preset=(config.get("credit") or {}).get("preset") or "",
     )
 
 

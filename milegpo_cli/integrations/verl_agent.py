@@ -2,7 +2,11 @@
 
 :func:`compute_advantage` takes the arguments of verl-agent's
 ``gigpo.core_gigpo.compute_gigpo_outcome_advantage`` in the same order, so a verl-agent trainer
-changes one call to train with MileGPO, GraphGPO, GRPO or our GiGPO (docs/scale.md). verl-agent's
+changes one call to train with MileGPO, GraphGPO, HGPO, GRPO or our GiGPO (docs/scale.md). HGPO
+(``algo="hgpo"``, ``config=verl_agent_config(mode=..., hgpo_history=...)``) reads the step returns as
+recipe/hgpo does; GraphGPO builds its graph from the anchor observations, and a verl-agent batch has no
+final observation, so a failed trajectory's last step enters FAIL (recipe/GraphGPO's own ``next_obs`` is
+what ``milegpo credit`` reads as ``final_state``). verl-agent's
 batch has one row per environment step (prompt + one reply); the rows are regrouped into the
 project's :class:`~milegpo_cli.credit.RolloutBatch`, the estimator runs on it, and each step's
 scalar advantage is put on every response token of its row (0 on padding), as verl-agent does.
@@ -54,7 +58,7 @@ def verl_agent_config(epsilon: float = 1e-6, step_advantage_w: float = 1.0, mode
     if mode not in MODES:
         raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {mode!r}")
     return CreditConfig(**{"episode_norm": MODES[mode], "step_norm": MODES[mode], "episode_stats": "steps",
-                           "anchor_visits": False, "episode_score": "outcome", "episode_scale": 1.0,
+                           "anchor_visits": False, "zero_identical": False, "episode_score": "outcome", "episode_scale": 1.0,
                            "invalid_penalty": 0.1, "std_unbiased": True, "eps": epsilon, "omega": step_advantage_w,
                            "similarity_thresh": similarity_thresh if enable_similarity else 1.0, **overrides})
 

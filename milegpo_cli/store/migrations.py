@@ -25,7 +25,12 @@ def _v1_to_v2(conn: Connection) -> None:
         conn.execute(text(f"ALTER TABLE candidates DROP COLUMN {col}_v1"))
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2}
+def _v2_to_v3(conn: Connection) -> None:
+    """``episodes.final_state``: the state after the last step; NULL (unknown) for the episodes already stored."""
+    conn.execute(text("ALTER TABLE episodes ADD COLUMN final_state TEXT"))
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 def upgrade(conn: Connection, version: int, target: int) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, SmallInteger, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 EVALUATION_PHASES = ("untrained", "warmstart", "train")
 
 
@@ -111,6 +111,7 @@ class Episode(Base):
     length: Mapped[int]
     invalid_count: Mapped[int] = mapped_column(default=0)
     error: Mapped[str | None] = mapped_column(Text)
+    final_state: Mapped[str | None] = mapped_column(Text)  # kappa of the state after the last step (v3)
 
 
 class Step(Base):

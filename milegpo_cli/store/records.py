@@ -40,6 +40,7 @@ class EpisodeRecord:
     invalid_count: int = 0
     error: str | None = None  # engine traceback when the episode failed
     steps: list[StepRecord] = field(default_factory=list)
+    final_state: str | None = None  # kappa of the state after the last step (None: not recorded)
 
 
 @dataclass

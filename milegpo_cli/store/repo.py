@@ -302,7 +302,8 @@ class RunStore:
         rows = [{"run_id": run_id, "iteration": iteration, "evaluation_id": evaluation_id, "task_id": e.task_id,
                  "split": e.split, "task_type": e.task_type, "group": e.group, "index": int(e.index),
                  "outcome": float(e.outcome), "success": bool(e.success), "length": int(e.length),
-                 "invalid_count": int(e.invalid_count), "error": e.error} for e in episodes]
+                 "invalid_count": int(e.invalid_count), "error": e.error, "final_state": e.final_state}
+                for e in episodes]
         ids = s.scalars(insert(Episode).returning(Episode.id, sort_by_parameter_order=True), rows).all()
         steps = [row for eid, e in zip(ids, episodes) for row in _step_rows(eid, e)]
         if steps:

@@ -83,7 +83,7 @@ def to_rollout(ep: Episode, lift_penalty: float = 0.0) -> Rollout:
                    actions=[a if a is not None else INVALID_ACTION for a in ep.actions],
                    rewards=[r + (lift_penalty if bad else 0.0) for r, bad in zip(ep.rewards, ep.invalid)],
                    outcome=ep.score, success=ep.won, invalid=list(ep.invalid),
-                   subgoals=[tuple(g) for g in ep.subgoals])
+                   subgoals=[tuple(g) for g in ep.subgoals], final_state=ep.final_state or None)
 
 
 def episode_record(ep: Episode, parts: dict[str, np.ndarray] | None = None, offset: int = 0) -> EpisodeRecord:
@@ -105,7 +105,8 @@ def episode_record(ep: Episode, parts: dict[str, np.ndarray] | None = None, offs
                                 reward=ep.rewards[t], oracle_good=ep.oracle[t], subgoals=ep.subgoals[t], **row))
     return EpisodeRecord(task_id=ep.task.task_id, split=ep.task.split, task_type=ep.task.task_type,
                          group=group_key(ep.group), index=ep.index, outcome=ep.score, success=ep.won,
-                         length=ep.length, invalid_count=sum(ep.invalid), error=ep.error, steps=steps)
+                         length=ep.length, invalid_count=sum(ep.invalid), error=ep.error, steps=steps,
+                         final_state=ep.final_state or None)
 
 
 def _share(x: float) -> float | None:
