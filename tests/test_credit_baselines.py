@@ -40,18 +40,18 @@ def centred(*r):
 MEAN = dict(step_norm="mean", graph_gamma=0.2, invalid_penalty=0.1)
 
 
-OLD = dict(graph_final="fail", **MEAN)  # the convention before issue 33
+OLD = dict(graph_final="fail", **MEAN)  # our convention (the default)
 
 
-def test_old_convention_sends_failures_to_fail_and_unreachable_to_zero():
+def test_default_convention_sends_failures_to_fail_and_unreachable_to_zero():
+    assert CreditConfig().graph_final == "fail" and CreditConfig().graph_unreachable == "zero"
     # returns from a: R0 -> b: 10 * 0.2 = 2; R1 -> c and R2 -> d reach FAIL only: 0
     assert np.allclose(a_group(CreditConfig(**OLD)), centred(2.0, 0.0, 0.0))
 
 
-def test_graph_final_observed_alone_is_the_default():
+def test_graph_final_observed_alone():
     # c -> b (R1's final state) puts c at distance 2: 10 * 0.2^2 = 0.4; d still only reaches e: 0
-    assert CreditConfig().graph_final == "observed"
-    assert np.allclose(a_group(CreditConfig(**MEAN)), centred(2.0, 0.4, 0.0))
+    assert np.allclose(a_group(CreditConfig(graph_final="observed", **MEAN)), centred(2.0, 0.4, 0.0))
 
 
 def test_graph_unreachable_farthest_alone():
@@ -99,7 +99,7 @@ def test_final_state_round_trips_and_absent_keeps_the_old_graph(tmp_path):
     bare.write_text("\n".join(rollout_line(r) for r in group(final=False)) + "\n")
     out = {}
     for name, src in (("with", path), ("bare", bare)):
-        run_credit_file(src, tmp_path / f"{name}.out", "graphgpo", overrides=MEAN)
+        run_credit_file(src, tmp_path / f"{name}.out", "graphgpo", overrides={**MEAN, "graph_final": "observed"})
         out[name] = [json.loads(x)["step_advantage"] for x in (tmp_path / f"{name}.out").read_text().splitlines()]
     assert np.allclose(np.array(out["with"])[[0, 2, 4]], centred(2.0, 0.4, 0.0))
     assert np.allclose(np.array(out["bare"])[[0, 2, 4]], centred(2.0, 0.0, 0.0))  # unknown: FAIL, as before

@@ -57,8 +57,8 @@ class CreditConfig:
     # flagged invalid (Rollout.invalid); 0 when the rewards already carry the penalty (our trainer)
     similarity_thresh: float = 1.0  # anchor groups: 1 = exact key match; < 1 = verl-agent's greedy
     # SequenceMatcher clustering (enable_similarity) at this ratio
-    anchor_visits: bool = False  # anchor group = (state, k-th visit in the rollout); False = the state alone
-    # (verl-agent; the default since issue 33: higher ROC-AUC for every estimator, bench/baseline_conventions.py)
+    anchor_visits: bool = True  # anchor group = (state, k-th visit in the rollout); False = the state alone (verl-agent,
+    # the preset; higher ROC-AUC on the recordings, training effect unmeasured: docs/algorithms.md)
     zero_identical: bool = True  # a group of identical rollouts (or of one) gets advantage 0 on every step
     preset: str = ""  # "verl-agent": fix the fields of VERL_AGENT (the recipe keeps choosing the norm)
     success_threshold: float = 1.0  # success = outcome >= threshold when a rollout does not say
@@ -76,8 +76,8 @@ class CreditConfig:
     # GraphGPO (docs/algorithms.md, "GraphGPO"): step return c * gamma_G ** d
     graph_c: float = 10.0
     graph_gamma: float = 0.2
-    graph_final: str = "observed"  # last step of a failed rollout: -> its recorded final_state (FAIL where the
-    # rollout has none), or "fail": -> FAIL always (before issue 33; bench/baseline_conventions.py chose "observed")
+    graph_final: str = "fail"  # last step of a failed rollout: -> FAIL, or "observed": -> its recorded final_state
+    # (FAIL where the rollout has none; recipe/GraphGPO, the preset; docs/algorithms.md says why "fail" stays)
     graph_unreachable: str = "zero"  # r^G where SUCCESS is unreachable: 0, or "farthest": d = max finite d + 1
     graph_invalid: bool = False  # take invalid_penalty off r^G of a flagged row too (recipe/GraphGPO)
     # HGPO (docs/algorithms.md, "HGPO"): hierarchy of history groups, recipe/hgpo/core_hgpo.py
