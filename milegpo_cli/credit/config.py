@@ -15,6 +15,7 @@ def canonical_formulation(name: str) -> str:
     """A formulation's current name ("ours", the old name of "v2", read as "v2")."""
     return "v2" if name == "ours" else name
 PRESETS = ("", "verl-agent")
+MAX_MAGNITUDE = 1e9  # of every float setting: larger weights overflow the advantages to inf (1e308 did)
 # verl-agent's GiGPO conventions (docs/algorithms.md, preset; gigpo/core_gigpo.py): statistics over step rows, one
 # normalisation mode for both levels, episode score 10 x success, invalid-format penalty 0.1 on that row.
 VERL_AGENT = {"episode_stats": "steps", "anchor_visits": False, "std_unbiased": True, "eps": 1e-6, "episode_score": "success",
@@ -102,6 +103,8 @@ class CreditConfig:
             if f.type in ("float", float):
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                     raise ValueError(f"{f.name}: must be a finite number, got {v!r}")
+                if abs(v) > MAX_MAGNITUDE:
+                    raise ValueError(f"{f.name}: must be at most {MAX_MAGNITUDE:g} in magnitude, got {v!r}")
         for name in ("std_unbiased", "anchor_visits"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be a boolean, got {getattr(self, name)!r}")
