@@ -60,7 +60,7 @@ class OutputFile:
                 raise self._error(f"is the same file as {role} {other}; write to another file")
         try:
             st = os.stat(self.target)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # a new file (or one under a regular file)
             st = None
         except OSError as err:
             raise self._error(f"cannot be written ({err.strerror})") from None
@@ -69,7 +69,7 @@ class OutputFile:
             if not folder.exists():
                 raise self._error(f"cannot be written: folder {folder} does not exist")
             if not folder.is_dir():
-                raise self._error(f"cannot be written: {folder} is not a folder")
+                raise self._error(f"cannot be written: {folder} is a file, not a folder")
         elif stat.S_ISDIR(st.st_mode):
             raise self._error("is a folder; give a file name")
         elif stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode):
@@ -142,16 +142,15 @@ def write_together(outputs: Sequence[tuple[OutputFile, Iterable[str]]]) -> None:
             out.discard()
 
 
-def writable_folder(path: str | Path, option: str) -> Path:
-    """Create folder ``path`` (and its parents) if needed and check that it can be written; one
-    line naming ``option`` otherwise (a path under a regular file, in /proc, read-only)."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise OutputError(f"{option} {path}: is a file, not a folder")
+def check_folder(path: str | Path, option: str) -> None:
+    """Check, creating nothing, that folder ``path`` can be made and written: its nearest existing
+    ancestor must be a folder in which this process can create a folder (probed with a temporary
+    one, so read-only file systems, immutable folders and /proc are caught even as root)."""
+    path = Path(path).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise OutputError(f"{option} {path}: {existing} is a file, not a folder")
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".milegpo-probe-"))
     except OSError as err:
-        raise OutputError(f"{option} {path}: cannot create this folder ({err.strerror})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise OutputError(f"{option} {path}: folder is not writable")
-    return path
+        raise OutputError(f"{option} {path}: cannot write in {existing} ({err.strerror})") from None

@@ -49,7 +49,7 @@ def _sqlite_engine(url: str, read_only: bool = False) -> Engine:
     """A SQLite engine; ``read_only``: the file is opened with ``mode=ro`` and no pragma that writes."""
     path = make_url(url).database
     if read_only:
-        uri = f"file:{quote(os.path.abspath(path))}?mode=ro"
+        uri = f"file:{quote(os.path.abspath(path))}?mode=ro" + ("&immutable=1" if _frozen(Path(path)) else "")
         engine = create_engine("sqlite://", creator=lambda: sqlite3.connect(
             uri, uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False))
     else:
@@ -92,6 +92,14 @@ def _writable(path: Path) -> bool:
     and its folder (where SQLite creates them)."""
     files = [path, *(p for p in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")) if p.exists())]
     return all(os.access(f, os.W_OK) for f in files) and os.access(path.parent, os.W_OK)
+
+
+def _frozen(path: Path) -> bool:
+    """A WAL store in a folder nobody here can write, with no -shm and nothing in its -wal: SQLite
+    cannot create the -shm file a ``mode=ro`` reader needs, so it is read as immutable (no writer can
+    be at work: none could have created the -wal / -shm files)."""
+    wal, shm = (path.with_name(path.name + suffix) for suffix in ("-wal", "-shm"))
+    return not os.access(path.parent, os.W_OK) and not shm.exists() and (not wal.exists() or wal.stat().st_size == 0)
 
 
 SQLITE_DAMAGED = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
@@ -179,7 +187,8 @@ class RunStore:
         ``reader``: the caller only reads, so a SQLite store it cannot write is opened read-only."""
         self.url = _url(url)
         self.retries = retries
-        self.read_only = False
+        self.read_only = False  # a reader's store that this process cannot write: opened with mode=ro
+        self.file: Path | None = None  # the SQLite file
         self.engine = self._engine(create, reader)
         self._writer = self.engine.execution_options(write=True)
         try:
@@ -192,7 +201,7 @@ class RunStore:
 
     def _engine(self, create: bool, reader: bool) -> Engine:
         try:
-            path = _sqlite_file(self.url)
+            path = self.file = _sqlite_file(self.url)
             backend = make_url(self.url).get_backend_name()
         except ArgumentError as err:
             raise StoreError(f"store URL {self.url!r}: {err}") from None
