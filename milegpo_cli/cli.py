@@ -377,10 +377,10 @@ def envs_generate(env: Annotated[str, typer.Option("--env", metavar="ENV", help=
     """
     if env != "alfworld":
         raise _fail(f"--env: only 'alfworld' has games to generate, got {env!r}", 2)
-    generate_games = _engine("envs.alfworld", "generate_games")
     config = _config(recipe or env, sets, runs_dir=runs_dir)
     _runs_folder(config)
-    _engine_data(config.store.root)
+    _engine_data(config.store.root)  # before the engine's import, which creates ALFWORLD_DATA
+    generate_games = _engine("envs.alfworld", "generate_games")
     from rich.progress import Progress
 
     with Progress(console=console) as bar:

@@ -18,8 +18,6 @@ import zlib
 from pathlib import Path
 from typing import Iterable, Iterator
 
-import numpy as np
-
 from .credit import CreditConfig, Rollout, RolloutBatch, compute_advantages
 from .credit.config import canonical_drop
 from .credit.registry import ESTIMATORS
@@ -250,14 +248,6 @@ def _check_estimator(algo: str, drop: Iterable[str]) -> None:
         raise ConfigError(f"--{e}") from None
 
 
-def _check_finite(result: CreditResult) -> None:
-    """Advantages that overflowed (huge outcomes or rewards) are an error, not a file of nulls."""
-    for name in ("advantage", "episode_advantage", "step_advantage", "credit"):
-        if not np.isfinite(getattr(result, name)).all():
-            raise MilegpoError(f"{name}: not finite (overflow): the outcomes, rewards or credit settings are too "
-                               "large; rescale them")
-
-
 def run_credit_file(input_path: str | Path, output_path: str | Path, algo: str, drop: Iterable[str] = (),
                     overrides: dict | None = None, milestones_path: str | Path | None = None) -> dict:
     """Read rollouts, compute ``algo``'s advantages, write per-step lines (and candidate sets).
@@ -276,7 +266,6 @@ def run_credit_file(input_path: str | Path, output_path: str | Path, algo: str, 
         _missing_subgoals(input_path, algo)
     batch = RolloutBatch.from_rollouts(rollouts, success_threshold=config.success_threshold)
     result = compute_advantages(batch, algo, config, drop=frozenset(drop))
-    _check_finite(result)
     outputs = [(out, step_lines(batch, result))]
     if ms is not None:
         doc = json.dumps({"algo": algo, "formulation": config.formulation, "drop": sorted(set(drop) | set(config.drop)),

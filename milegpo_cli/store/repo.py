@@ -47,9 +47,8 @@ T = TypeVar("T")
 
 def _sqlite_engine(url: str, read_only: bool = False) -> Engine:
     """A SQLite engine; ``read_only``: the file is opened with ``mode=ro`` and no pragma that writes."""
-    path = make_url(url).database
     if read_only:
-        uri = f"file:{quote(os.path.abspath(path))}?mode=ro" + ("&immutable=1" if _frozen(Path(path)) else "")
+        uri = _read_only_uri(Path(make_url(url).database))
         engine = create_engine("sqlite://", creator=lambda: sqlite3.connect(
             uri, uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False))
     else:
@@ -100,6 +99,21 @@ def _frozen(path: Path) -> bool:
     be at work: none could have created the -wal / -shm files)."""
     wal, shm = (path.with_name(path.name + suffix) for suffix in ("-wal", "-shm"))
     return not os.access(path.parent, os.W_OK) and not shm.exists() and (not wal.exists() or wal.stat().st_size == 0)
+
+
+def _read_only_uri(path: Path) -> str:
+    return f"file:{quote(os.path.abspath(path))}?mode=ro" + ("&immutable=1" if _frozen(path) else "")
+
+
+def _milegpo_tables(path: Path) -> set[str]:
+    """The milegpo tables of a SQLite file, read through a read-only connection: a command that does
+    not create a store never writes a file that holds none (not even its journal mode)."""
+    con = sqlite3.connect(_read_only_uri(path), uri=True, timeout=BUSY_TIMEOUT_S)
+    try:
+        names = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        con.close()
+    return names & set(Base.metadata.tables)
 
 
 SQLITE_DAMAGED = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
@@ -215,7 +229,8 @@ class RunStore:
                     path.parent.mkdir(parents=True, exist_ok=True)
                 except OSError as err:
                     raise StoreError(f"cannot create the store's folder {path.parent}: {err.strerror}") from None
-            self.read_only = reader and not _writable(path)
+            else:
+                self._check_existing(path, create, reader)
         try:
             if backend == "sqlite":
                 return _sqlite_engine(self.url, self.read_only)
@@ -226,10 +241,26 @@ class RunStore:
         except ImportError as err:
             raise StoreError(f"store URL {self.display_url}: its database driver is not installed ({err})") from None
 
-    def _why(self, err: DBAPIError) -> str:
+    def _check_existing(self, path: Path, create: bool, reader: bool) -> None:
+        """An existing SQLite file: a store (unless ``create``), and writable unless a reader opens it
+        (then read-only)."""
+        if not create:
+            try:
+                tables = _milegpo_tables(path)
+            except sqlite3.Error as err:
+                raise StoreError(self._why(err)) from None
+            if not tables:
+                raise StoreError(f"no store at {self.display_url} (the database holds no milegpo tables)")
+        self.read_only = not _writable(path)
+        if self.read_only and not reader:
+            raise StoreError(f"cannot use store {self.display_url}: it is read-only here (a command that writes "
+                             "needs the file and its folder writable)")
+
+    def _why(self, err: DBAPIError | sqlite3.Error) -> str:
         """One line on a store that cannot be used."""
-        reason = " ".join(str(err.orig).split())
-        if getattr(err.orig, "sqlite_errorname", "").startswith(SQLITE_DAMAGED):
+        orig = err.orig if isinstance(err, DBAPIError) else err
+        reason = " ".join(str(orig).split())
+        if getattr(orig, "sqlite_errorname", "").startswith(SQLITE_DAMAGED):
             return f"store {self.display_url} is damaged or not a milegpo store ({reason})"
         return f"cannot use store {self.display_url}: {reason}"
 
