@@ -136,7 +136,7 @@ def test_credit_output_onto_devices_and_fifos_writes_through(tmp_path):
     line = one_error_line(credit(src, "-o", full))
     assert line == f"error: -o {full}: cannot be written (No space left on device)"
     received = []
-    reader = threading.Thread(target=lambda: received.append(fifo.read_text()))
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()), daemon=True)
     reader.start()
     result = credit(src, "-o", fifo)
     reader.join(timeout=60)
