@@ -366,6 +366,44 @@ def test_a_store_missing_a_table_is_damaged_not_recreated(store_url, table):
     engine.dispose()
 
 
+def test_an_old_store_missing_a_table_is_damaged_not_upgraded(store_url):
+    from sqlalchemy import create_engine, inspect, text
+    from test_store import write_v1_store
+
+    write_v1_store(store_url)
+    engine = create_engine(store_url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP TABLE candidates"))
+    with pytest.raises(StoreError, match="is damaged: its upgrade from schema version 1 failed"):
+        RunStore(store_url)
+    with engine.connect() as conn:  # untouched: still version 1, no table re-created
+        assert conn.execute(text("SELECT max(version) FROM schema_version")).scalar() == 1
+    assert "candidates" not in inspect(engine).get_table_names()
+    engine.dispose()
+
+
+def test_a_store_damaged_past_its_schema_fails_in_one_line_when_read(tmp_path):
+    """Random bytes over the second half of the pages: the schema reads, the first read that meets
+    a bad page is one line."""
+    db = tmp_path / "milegpo.db"
+    with RunStore(db) as store:
+        for i in range(30):
+            rid = store.create_run(f"run{i}", "grpo", config={"blob": "x" * 2000})
+            store.record_iteration(rid, 1, {}, [EpisodeRecord("t", "train", "pick", "g0", k, 1.0, True, 4)
+                                                 for k in range(20)])
+    blob = bytearray(db.read_bytes())
+    pages = len(blob) // 4096
+    for page in range(pages // 2, pages):
+        blob[page * 4096:(page + 1) * 4096] = os.urandom(4096)
+    db.write_bytes(bytes(blob))
+    store = RunStore(db, create=False, reader=True)  # opens: sqlite_master is intact
+    with pytest.raises(StoreError, match=r"is damaged or not a milegpo store \(database disk image is malformed\)"):
+        store.list_runs()
+    store.close()
+    for args in (["runs"], ["runs", "show", "30"]):
+        assert "is damaged or not a milegpo store" in one_error_line(runner.invoke(app, [*args, "--db", str(db)]))
+
+
 # --- one-line errors (item 10) ------------------------------------------------------------------
 
 def test_huge_run_ids_and_seeds_are_one_line(tmp_path):

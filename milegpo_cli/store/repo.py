@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, delete, event, func, inspect, insert, select, text, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session
 
 from envs.faults import fault_point
@@ -121,13 +121,9 @@ SQLITE_UNUSABLE = (*SQLITE_DAMAGED, "SQLITE_CANTOPEN", "SQLITE_IOERR", "SQLITE_R
 
 
 def _unusable(err: DBAPIError) -> bool:
-    """Whether a database error means the store itself cannot be used (a damaged or foreign SQLite
-    file, one that cannot be opened or written, a PostgreSQL server that cannot be reached) rather
-    than a fault of the statement."""
-    name = getattr(err.orig, "sqlite_errorname", None)
-    if name is not None:
-        return name.startswith(SQLITE_UNUSABLE)
-    return isinstance(err, OperationalError) and getattr(err.orig, "sqlstate", None) is None
+    """Whether a SQLite error means the file itself cannot be used (damaged, foreign, cannot be
+    opened or written) rather than a fault of the statement."""
+    return getattr(err.orig, "sqlite_errorname", "").startswith(SQLITE_UNUSABLE)
 
 
 def _number(value: Any) -> Any:
@@ -333,8 +329,9 @@ class RunStore:
                                  f"open it once where it is writable to upgrade it to {SCHEMA_VERSION}")
             try:
                 upgrade(conn, version, SCHEMA_VERSION)
-            except OperationalError as err:  # e.g. a table the upgrade alters is missing
-                raise self._damaged(f"its upgrade from schema version {version} failed ({err.orig})") from None
+            except DBAPIError as err:  # e.g. a table the upgrade alters is missing
+                raise self._damaged(f"its upgrade from schema version {version} failed "
+                                    f"({' '.join(str(err.orig).split())})") from None
             session.execute(insert(SchemaVersion).values(version=SCHEMA_VERSION))
         missing = sorted(set(Base.metadata.tables) - set(inspect(conn).get_table_names()))
         if missing:
