@@ -253,8 +253,8 @@ def ablate(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, drop: DropOpt = 
     _runs_folder(config)
     _engine_data(config.store.root)
     run_ablate = _engine("milegpo_cli.experiments.ablate", "run_ablate")
-    run_ablate(config, _store(config.store.db, runs_dir, create=True), config.store.mlflow_uri, (drop or None) if ablations else [],
-               seeds, console,
+    run_ablate(config, _store(config.store.db, runs_dir, create=True), config.store.mlflow_uri,
+               (drop or None) if ablations else [], seeds, console,
                algos=baselines or None, parallel=parallel)
 
 

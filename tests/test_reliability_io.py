@@ -247,8 +247,8 @@ def test_a_read_only_store_is_read(tmp_path, locked):
     with unwritable(runs / "milegpo.db", *([runs] if locked == "file and folder" else [])):
         assert not os.access(runs / "milegpo.db", os.W_OK)
         for args in READ_COMMANDS:
-            result = runner.invoke(app, [*args, "--runs-dir", str(runs),
-                                         *(["--out", str(tmp_path / "p2")] if args[0] in ("report", "compare") else [])])
+            out = ["--out", str(tmp_path / "p2")] if args[0] in ("report", "compare") else []
+            result = runner.invoke(app, [*args, "--runs-dir", str(runs), *out])
             assert result.exit_code == 0, (args, result.output)
             assert result.stdout.replace("p2", "PLOTS") == expected[" ".join(args)]
         if locked == "file and folder":  # plots into the read-only run folder: one line naming --out
@@ -344,7 +344,8 @@ def test_a_postgresql_server_that_refuses_is_one_line(postgres_server):
 
     url = make_url(postgres_server.get_uri()).set(drivername="postgresql+psycopg", database="no_such_db")
     line = one_error_line(runner.invoke(app, ["runs", "--db", url.render_as_string(hide_password=False)]))
-    assert line.startswith("error: cannot use store postgresql+psycopg://") and 'database "no_such_db" does not exist' in line
+    assert line.startswith("error: cannot use store postgresql+psycopg://")
+    assert 'database "no_such_db" does not exist' in line
 
 
 @pytest.mark.parametrize("table", ["steps", "runs", "schema_version"])
@@ -355,7 +356,7 @@ def test_a_store_missing_a_table_is_damaged_not_recreated(store_url, table):
         store.create_run("r", "grpo")
     engine = create_engine(store_url)
     with engine.begin() as conn:
-        conn.execute(text(f"DROP TABLE {table} CASCADE" if engine.dialect.name == "postgresql" else f"DROP TABLE {table}"))
+        conn.execute(text(f"DROP TABLE {table}" + (" CASCADE" if engine.dialect.name == "postgresql" else "")))
     for kwargs in ({}, {"create": False}, {"reader": True}):
         with pytest.raises(StoreError, match="is damaged: ") as err:
             RunStore(store_url, **kwargs)
@@ -527,7 +528,8 @@ def test_invalid_absent_on_some_steps_is_false(tmp_path):
     assert read_rollouts(src)[1].invalid == [False, True, False] and read_rollouts(src)[0].invalid is None
     outs = []
     for path in (src, full):
-        assert credit(path, "-o", tmp_path / "o.jsonl", "--algo", "gigpo", "--set", "invalid_penalty=0.5").exit_code == 0
+        result = credit(path, "-o", tmp_path / "o.jsonl", "--algo", "gigpo", "--set", "invalid_penalty=0.5")
+        assert result.exit_code == 0, result.output
         outs.append((tmp_path / "o.jsonl").read_text())
     assert outs[0] == outs[1]
     rollouts_file(tmp_path / "plain.jsonl")
