@@ -55,15 +55,15 @@ class OutputFile:
         self.mode: int | None = None  # an existing regular file's mode, kept
         self._tmp: str | None = None
         self._lines: Iterable[str] = ()
-        for role, other in (others or {}).items():
-            if other is not None and _same(self.path, Path(other)):
-                raise self._error(f"is the same file as {role} {other}; write to another file")
         try:
             st = os.stat(self.target)
         except (FileNotFoundError, NotADirectoryError):  # a new file (or one under a regular file)
             st = None
         except OSError as err:
             raise self._error(f"cannot be written ({err.strerror})") from None
+        for role, other in (others or {}).items():  # a character device (/dev/null) may take several outputs
+            if other is not None and not (st and stat.S_ISCHR(st.st_mode)) and _same(self.path, Path(other)):
+                raise self._error(f"is the same file as {role} {other}; write to another file")
         if st is None:
             folder = self.target.parent
             if not folder.exists():
@@ -93,8 +93,8 @@ class OutputFile:
             return
         fd, self._tmp = tempfile.mkstemp(dir=self.target.parent, prefix=f".{self.target.name}.", suffix=".tmp")
         try:
-            os.fchmod(fd, self.mode if self.mode is not None else 0o666 & ~_umask())
             with os.fdopen(fd, "w", encoding="utf-8") as f:
+                os.fchmod(f.fileno(), self.mode if self.mode is not None else 0o666 & ~_umask())
                 _write_lines(f, lines)
         except BaseException as err:
             self.discard()

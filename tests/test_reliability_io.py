@@ -132,7 +132,7 @@ def test_credit_output_onto_devices_and_fifos_writes_through(tmp_path):
     make_char_device(null, 3)
     make_char_device(full, 7)
     os.mkfifo(fifo)
-    assert credit(src, "-o", null).exit_code == 0
+    assert credit(src, "-o", null, "--milestones", null).exit_code == 0  # a device may take both outputs
     line = one_error_line(credit(src, "-o", full))
     assert line == f"error: -o {full}: cannot be written (No space left on device)"
     received = []
