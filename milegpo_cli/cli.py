@@ -115,10 +115,19 @@ def _engine_data(root: str | Path) -> None:
     os.environ.setdefault("ALFWORLD_DATA", str(Path(root).resolve() / "alfworld_data"))
 
 
-def _store(db: str | None, runs_dir: Path | None):
+def _store(db: str | None, runs_dir: Path | None, *, create: bool = False, reader: bool = False):
+    """The run store. Only ``create`` (a new training run, ablate) makes one where there is none;
+    a ``reader`` opens a store it cannot write read-only (store/repo.py)."""
     from milegpo_cli.store import RunStore
 
-    return RunStore(db or default_db_url(runs_dir or "runs"))
+    return RunStore(db or default_db_url(runs_dir or "runs"), create=create, reader=reader)
+
+
+def _runs_folder(config: Config) -> None:
+    """The run folder of a command that writes there, checked before the work (creating nothing)."""
+    from milegpo_cli.outputs import check_folder
+
+    check_folder(config.store.root, "--runs-dir")
 
 
 def _json_format(fmt: str, as_json: bool) -> str:
@@ -152,7 +161,8 @@ def train(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, algo: AlgoOpt = N
         return
     if resume is None:
         config = _config(recipe, sets, algo, seed, model, iterations, drop, db, mlflow_uri, runs_dir)
-        store, resume_id = _store(config.store.db, runs_dir), None
+        _runs_folder(config)
+        store, resume_id = _store(config.store.db, runs_dir, create=True), None
     else:
         store = _store(db, runs_dir)
         run = store.get_run(resume)
@@ -176,6 +186,10 @@ def rollout(run: Annotated[str, typer.Option("--run", metavar="RUN", help="Run i
             db: DbOpt = None, runs_dir: RunsDirOpt = None) -> None:
     """Evaluate a trained policy on a split and store the evaluation."""
     store = _store(db, runs_dir)
+    if record is not None:  # checked before the evaluation is played
+        from milegpo_cli.outputs import OutputFile
+
+        OutputFile(record, "--record", {"the store": store.file})
     _engine_data(Config.from_dict(store.get_run(run)["config"]).store.root)
     evaluate = _engine("milegpo_cli.trainer.loop", "evaluate")
     evaluate(store, store.get_run(run)["id"], split, episodes, checkpoint, record, console)
@@ -237,10 +251,11 @@ def ablate(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, drop: DropOpt = 
     if drop and not ablations:
         raise typer.BadParameter("--drop and --no-ablations exclude each other", param_hint="--drop")
     config = _config(recipe, sets, algo, None, model, iterations, None, db, mlflow_uri, runs_dir)
+    _runs_folder(config)
     _engine_data(config.store.root)
     run_ablate = _engine("milegpo_cli.experiments.ablate", "run_ablate")
-    run_ablate(config, _store(config.store.db, runs_dir), config.store.mlflow_uri, (drop or None) if ablations else [],
-               seeds, console,
+    run_ablate(config, _store(config.store.db, runs_dir, create=True), config.store.mlflow_uri,
+               (drop or None) if ablations else [], seeds, console,
                algos=baselines or None, parallel=parallel)
 
 
@@ -261,8 +276,9 @@ def diagnose(run: RunArg,
     RUN: a run id or name. Credit diagnostics: ROC-AUC, sign accuracy and milestone precision /
     recall of the advantages against the oracle labels.
     """
+    fmt = _json_format(fmt, as_json)
     run_diagnose = _engine("milegpo_cli.experiments.diagnose", "run_diagnose")
-    run_diagnose(_store(db, runs_dir), run, iteration, _json_format(fmt, as_json), out, console)
+    run_diagnose(_store(db, runs_dir, reader=True), run, iteration, fmt, out, console)
 
 
 @app.command()
@@ -276,7 +292,7 @@ def compare(refs: Annotated[list[str], typer.Argument(metavar="RUN...", hidden=T
     RUN...: run ids or names, or experiments (exp:<id|name>, or a name that is no run).
     """
     run_compare = _engine("milegpo_cli.experiments.compare", "run_compare")
-    run_compare(_store(db, runs_dir), refs, out, console, fmt=_json_format("table", as_json))
+    run_compare(_store(db, runs_dir, reader=True), refs, out, console, fmt=_json_format("table", as_json))
 
 
 @app.command()
@@ -297,8 +313,9 @@ def report(experiment: Annotated[Optional[str], typer.Option(
     Per method and split: success over the final evaluation's episodes, mean ± std over seeds with
     a 95% CI; IQM, ID-to-OOD gap and probability of improvement over a baseline.
     """
+    fmt = _json_format(fmt, as_json)
     run_report = _engine("milegpo_cli.experiments.report", "run_report")
-    run_report(_store(db, runs_dir), experiment, by, _json_format(fmt, as_json), baseline, out, console)
+    run_report(_store(db, runs_dir, reader=True), experiment, by, fmt, baseline, out, console)
 
 
 # --- runs, ui, envs ------------------------------------------------------------------------------
@@ -310,7 +327,7 @@ def runs_list(ctx: typer.Context, as_json: JsonOpt = False, db: DbOpt = None, ru
         return
     from milegpo_cli.experiments.runs import list_doc, list_table
 
-    doc = list_doc(_store(db, runs_dir))
+    doc = list_doc(_store(db, runs_dir, reader=True))
     _print_json(doc) if as_json else console.print(list_table(doc))
 
 
@@ -323,7 +340,7 @@ def runs_show(run: RunArg, as_json: JsonOpt = False, db: DbOpt = None, runs_dir:
     """
     from milegpo_cli.experiments.runs import show_doc, show_tables
 
-    doc = show_doc(_store(db, runs_dir), run)
+    doc = show_doc(_store(db, runs_dir, reader=True), run)
     if as_json:
         _print_json(doc)
         return
@@ -354,13 +371,17 @@ def envs_generate(env: Annotated[str, typer.Option("--env", metavar="ENV", help=
                   n: Annotated[int, typer.Option("-n", min=1, metavar="N", help="Number of games.")] = 100,
                   recipe: Annotated[Optional[str], typer.Option(
                       "--recipe", "-r", metavar="NAME|PATH", help="Recipe [default: the --env name].")] = None,
-                  sets: SetOpt = None) -> None:
-    """Generate ALFWorld games (PDDL + traj_data) of a split with the real engine's assets."""
+                  sets: SetOpt = None, runs_dir: RunsDirOpt = None) -> None:
+    """Generate ALFWorld games (PDDL + traj_data) of a split with the real engine's assets.
+
+    The games go to env.alfworld.data_dir (default <runs-dir>/alfworld), as `train` reads them.
+    """
     if env != "alfworld":
         raise _fail(f"--env: only 'alfworld' has games to generate, got {env!r}", 2)
+    config = _config(recipe or env, sets, runs_dir=runs_dir)
+    _runs_folder(config)
+    _engine_data(config.store.root)  # before the engine's import, which creates ALFWORLD_DATA
     generate_games = _engine("envs.alfworld", "generate_games")
-    config = load_config(recipe or env, sets or [])
-    _engine_data(config.store.root)
     from rich.progress import Progress
 
     with Progress(console=console) as bar:
@@ -377,6 +398,7 @@ def policy_build_base(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, runs_
     The base policy is the supervised starting point of PPO (recipe section [base]).
     """
     config = _config(recipe, sets, runs_dir=runs_dir)
+    _runs_folder(config)
     _engine_data(config.store.root)
     folder, metrics = _engine("milegpo_cli.trainer.base_policy", "build_for_recipe")(config, console.print)
     console.print(f"base policy {folder}: " + "  ".join(f"{k} {v:.4g}" for k, v in metrics.items()))

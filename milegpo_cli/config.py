@@ -308,6 +308,8 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key}: expected int, got {value!r}")
+        if not -2**63 <= value < 2**63:  # what a store's 64-bit INTEGER column (and torch's seed) holds
+            raise ConfigError(f"{key}: out of range (a 64-bit integer, |value| < 2^63), got {value}")
         return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):

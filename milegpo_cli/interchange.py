@@ -3,23 +3,27 @@
 Input, one rollout per line:
     {"group": str, "rollout": int|str, "outcome": float, "success": bool (optional), "final_state": str (optional),
      "steps": [{"state": str, "action": str, "reward": float (optional, default 0),
-                "invalid": bool (optional), "subgoals": [str, ...] (optional)}, ...]}
+                "invalid": bool (optional, default false), "subgoals": [str, ...] (optional)}, ...]}
+A file may be gzip-compressed (recognised by its first bytes, whatever its name).
 Output, one line per step:
     {"group", "rollout", "t", "advantage", "episode_advantage", "step_advantage", "credit", "milestone", "trap"}
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
-import os
 import sys
-import tempfile
+import zlib
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from .credit import CreditConfig, Rollout, RolloutBatch, compute_advantages
+from .credit.config import canonical_drop
+from .credit.registry import ESTIMATORS
 from .credit.result import Candidate, CreditResult
-from .errors import MilegpoError
+from .errors import ConfigError, MilegpoError
+from .outputs import OutputFile, write_together
 
 
 # estimators whose step advantage uses the step rewards, and what all-zero rewards leave of them
@@ -29,6 +33,7 @@ ZERO_REWARDS = {"gigpo": "GiGPO's step returns are all 0, so it equals GRPO",
 
 
 NEEDS_SUBGOALS = ("oracle-milestones",)  # estimators that read steps[t].subgoals
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 def zero_rewards_warning(algo: str) -> str:
@@ -45,6 +50,8 @@ class InterchangeError(MilegpoError, ValueError):
 
 
 def _number(value, line: int, field: str) -> float:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max:
+        raise InterchangeError(line, field, f"must be a finite number, got an integer of {len(str(abs(value)))} digits")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InterchangeError(line, field, f"must be a finite number, got {value!r}")
     return float(value)
@@ -56,9 +63,17 @@ def _string(value, line: int, field: str) -> str:
     return value
 
 
+def _invalid(steps: list, line: int) -> list[bool] | None:
+    """``steps[t].invalid``: None when no step has it; a step without it is valid (absent = false)."""
+    if not any("invalid" in step for step in steps):
+        return None
+    return [_bool(step.get("invalid", False), line, f"steps[{t}].invalid") for t, step in enumerate(steps)]
+
+
 def _per_step(steps: list, key: str, parse, line: int) -> list | None:
     """The optional per-step field ``key`` of a rollout: parsed on every step, or None when no step
-    has it (zero steps: an empty list); a rollout that gives it on some steps only is an error."""
+    has it (zero steps: an empty list); a rollout that gives it on some steps only is an error
+    (``subgoals``: a step without it is not a step that reached none)."""
     missing = [t for t, step in enumerate(steps) if key not in step]
     if len(missing) == len(steps) and steps:
         return None
@@ -85,6 +100,8 @@ def parse_rollout(text: str, line: int) -> Rollout:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise InterchangeError(line, "<json>", f"invalid JSON ({e.msg} at column {e.colno})") from None
+    except ValueError as e:  # an integer of more than sys.get_int_max_str_digits() digits
+        raise InterchangeError(line, "<json>", f"unreadable JSON ({str(e).split(':')[0]})") from None
     if not isinstance(obj, dict):
         raise InterchangeError(line, "<json>", "expected a JSON object")
     for key in ("group", "rollout", "outcome", "steps"):
@@ -115,21 +132,39 @@ def parse_rollout(text: str, line: int) -> Rollout:
         rewards.append(_number(step.get("reward", 0.0), line, f"steps[{t}].reward"))
     return Rollout(group=_string(obj["group"], line, "group"), rollout_id=rid, states=states, actions=actions,
                    rewards=rewards, outcome=_number(obj["outcome"], line, "outcome"), success=success,
-                   invalid=_per_step(steps, "invalid", _bool, line),
+                   invalid=_invalid(steps, line),
                    subgoals=_per_step(steps, "subgoals", _subgoals, line), final_state=final_state)
 
 
+def _raw_lines(path: str | Path) -> Iterator[bytes]:
+    """The lines of a file, gunzipped when it starts with gzip's magic bytes; damaged gzip data is
+    an error naming the line it cuts."""
+    with open(path, "rb") as raw:
+        if raw.peek(2)[:2] != GZIP_MAGIC:
+            yield from raw
+            return
+        with gzip.GzipFile(fileobj=raw) as f:
+            for number in range(1, sys.maxsize):
+                try:
+                    line = f.readline()
+                except (OSError, EOFError, zlib.error) as e:
+                    raise InterchangeError(number, "<gzip>", f"damaged gzip data ({e})") from None
+                if not line:
+                    return
+                yield line
+
+
 def iter_rollouts(path: str | Path) -> Iterator[tuple[int, Rollout]]:
-    """Stream (line number, Rollout) from a JSONL file, one line in memory at a time; blank lines
-    are skipped. Bytes are decoded per line, so a non-UTF-8 byte is an error naming its line."""
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise InterchangeError(number, "<utf-8>", f"invalid UTF-8 byte at column {e.start + 1}") from None
-            if text.strip():
-                yield number, parse_rollout(text, number)
+    """Stream (line number, Rollout) from a JSONL file (or a gzipped one), one line in memory at a
+    time; blank lines are skipped. Bytes are decoded per line, so a non-UTF-8 byte is an error
+    naming its line."""
+    for number, raw in enumerate(_raw_lines(path), start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InterchangeError(number, "<utf-8>", f"invalid UTF-8 byte at column {e.start + 1}") from None
+        if text.strip():
+            yield number, parse_rollout(text, number)
 
 
 def check_rollouts(path: str | Path) -> int:
@@ -167,24 +202,10 @@ def rollout_line(r: Rollout) -> str:
     return json.dumps(obj, allow_nan=False)
 
 
-def _atomic_write(path: str | Path, lines: Iterable[str]) -> str:
-    """Write lines to a temporary file beside ``path``; return its name (renamed by the caller)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(line)
-                f.write("\n")
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return tmp
-
-
 def write_rollouts(path: str | Path, rollouts: Iterable[Rollout]) -> None:
-    tmp = _atomic_write(path, (rollout_line(r) for r in rollouts))
-    os.replace(tmp, path)
+    """Write rollouts as JSON Lines (outputs.py: a temporary file renamed into place, a symlink's
+    target, a FIFO written directly)."""
+    OutputFile(path, "output").write(rollout_line(r) for r in rollouts)
 
 
 def step_lines(batch: RolloutBatch, result: CreditResult) -> Iterator[str]:
@@ -224,32 +245,39 @@ def credit_config(overrides: dict) -> CreditConfig:
     return CreditConfig.from_dict({k.removeprefix("credit."): v for k, v in overrides.items()})
 
 
+def _check_estimator(algo: str, drop: Iterable[str]) -> None:
+    if algo not in ESTIMATORS:
+        raise ConfigError(f"--algo: unknown estimator {algo!r} (allowed: {', '.join(ESTIMATORS)})")
+    try:
+        canonical_drop(drop)
+    except ValueError as e:
+        raise ConfigError(f"--{e}") from None
+
+
 def run_credit_file(input_path: str | Path, output_path: str | Path, algo: str, drop: Iterable[str] = (),
                     overrides: dict | None = None, milestones_path: str | Path | None = None) -> dict:
     """Read rollouts, compute ``algo``'s advantages, write per-step lines (and candidate sets).
 
-    Nothing is written unless every step succeeds. Returns a summary dict; its "warnings" (when
+    The outputs are checked before any work (outputs.py: not the input, not each other, writable);
+    nothing is written unless every step succeeds. Returns a summary dict; its "warnings" (when
     present) name inputs that make the estimator degenerate (all step rewards 0).
     """
     config = credit_config(overrides or {})
+    _check_estimator(algo, drop)
+    out = OutputFile(output_path, "-o", {"the input": input_path})
+    ms = None if milestones_path is None else OutputFile(milestones_path, "--milestones",
+                                                         {"the input": input_path, "-o": output_path})
     rollouts = read_rollouts(input_path)
     if algo in NEEDS_SUBGOALS and any(r.subgoals is None for r in rollouts):
         _missing_subgoals(input_path, algo)
     batch = RolloutBatch.from_rollouts(rollouts, success_threshold=config.success_threshold)
     result = compute_advantages(batch, algo, config, drop=frozenset(drop))
-    tmp_out = _atomic_write(output_path, step_lines(batch, result))
-    tmp_ms = None
-    try:
-        if milestones_path is not None:
-            doc = json.dumps({"algo": algo, "formulation": config.formulation, "drop": sorted(set(drop) | set(config.drop)),
-                              "candidates": [candidate_dict(c) for c in result.candidates]}, allow_nan=False, indent=1)
-            tmp_ms = _atomic_write(milestones_path, [doc])
-    except BaseException:
-        os.unlink(tmp_out)
-        raise
-    os.replace(tmp_out, output_path)
-    if tmp_ms is not None:
-        os.replace(tmp_ms, milestones_path)
+    outputs = [(out, step_lines(batch, result))]
+    if ms is not None:
+        doc = json.dumps({"algo": algo, "formulation": config.formulation, "drop": sorted(set(drop) | set(config.drop)),
+                          "candidates": [candidate_dict(c) for c in result.candidates]}, allow_nan=False, indent=1)
+        outputs.append((ms, [doc]))
+    write_together(outputs)
     summary = {"groups": batch.num_groups, "rollouts": batch.num_rollouts, "steps": batch.num_steps,
                "milestones": sum(c.kind == "milestone" for c in result.candidates),
                "traps": sum(c.kind == "trap" for c in result.candidates)}

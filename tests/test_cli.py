@@ -37,10 +37,10 @@ def test_every_command_has_help(command):
 
 
 def test_runs_on_empty_store_prints_empty_table(tmp_path):
+    RunStore(tmp_path / "milegpo.db").close()
     result = runner.invoke(app, ["runs", "--runs-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "runs" in result.output and "status" in result.output
-    assert (tmp_path / "milegpo.db").exists()
 
 
 def test_runs_lists_and_shows_a_run(tmp_path):
@@ -58,6 +58,7 @@ def test_runs_lists_and_shows_a_run(tmp_path):
 
 
 def test_unknown_run_is_one_line_exit_2(tmp_path):
+    RunStore(tmp_path / "milegpo.db").close()
     result = runner.invoke(app, ["runs", "show", "99", "--runs-dir", str(tmp_path)])
     assert result.exit_code == 2
     assert result.stderr.strip().splitlines() == [f"error: run '99' not found in sqlite:///{tmp_path}/milegpo.db"]
@@ -85,10 +86,13 @@ def test_installed_script_help_and_empty_runs(tmp_path):
     assert result.returncode == 0, result.stderr
     for name in COMMANDS:
         assert name in result.stdout
+    result = run_script("runs", cwd=tmp_path)  # the default store, ./runs/milegpo.db: none yet, none created
+    assert result.returncode == 2 and not (tmp_path / "runs").exists()
+    assert result.stderr.strip() == "error: no store at runs/milegpo.db (check --runs-dir / --db)"
+    RunStore(tmp_path / "runs" / "milegpo.db").close()
     result = run_script("runs", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "status" in result.stdout
-    assert (tmp_path / "runs" / "milegpo.db").exists()  # default store under ./runs
 
 
 def test_installed_script_bad_set(tmp_path):
@@ -100,9 +104,11 @@ def test_installed_script_bad_set(tmp_path):
 
 def test_installed_script_env_var_db(tmp_path):
     db = tmp_path / "elsewhere.db"
+    with RunStore(db) as store:
+        store.create_run("there", "grpo")
     result = run_script("runs", cwd=tmp_path, env={"MILEGPO_DB": f"sqlite:///{db}"})
     assert result.returncode == 0, result.stderr
-    assert db.exists() and not (tmp_path / "runs").exists()
+    assert "there" in result.stdout and not (tmp_path / "runs").exists()
 
 
 def rollouts_file(path, bad_line=False):
@@ -161,6 +167,7 @@ def test_credit_oracle_milestones_needs_subgoals_in_the_file(tmp_path):
 
 # --- --json: one document on stdout, nothing else there (docs/cli.md) -----------------------------
 def test_runs_json_is_a_list_empty_on_an_empty_store(tmp_path):
+    RunStore(tmp_path / "milegpo.db").close()
     result = runner.invoke(app, ["runs", "--json", "--runs-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == []

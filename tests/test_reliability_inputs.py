@@ -271,6 +271,9 @@ def test_huge_rollout_file_is_streamed(tmp_path):
 @pytest.mark.parametrize("args", [["runs", "show", "999"], ["train", "--resume", "999"], ["rollout", "--run", "nope"],
                                   ["diagnose", "999"]])
 def test_unknown_run_is_one_line(tmp_path, args):
+    from milegpo_cli.store import RunStore
+
+    RunStore(tmp_path / "milegpo.db").close()
     line = one_error_line(runner.invoke(app, [*args, "--runs-dir", str(tmp_path)]))
     assert "not found" in line and ("999" in line or "nope" in line)
     con = sqlite3.connect(tmp_path / "milegpo.db")

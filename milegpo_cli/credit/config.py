@@ -17,6 +17,7 @@ def canonical_formulation(name: str) -> str:
 PRESETS = ("", "verl-agent")
 GRAPH_FINALS = ("fail", "observed")
 GRAPH_UNREACHABLES = ("zero", "farthest")
+MAX_MAGNITUDE = 1e9  # of every float setting: larger weights overflow the advantages to inf (1e308 did)
 # verl-agent's GiGPO conventions (docs/algorithms.md, preset; gigpo/core_gigpo.py): statistics over step rows, one
 # normalisation mode for both levels, episode score 10 x success, invalid-format penalty 0.1 on that row.
 # recipe/GraphGPO (core_graph.py, rollout_loop.py, graphgpo_ray_trainer.py) adds its three graph conventions.
@@ -123,6 +124,8 @@ class CreditConfig:
             if f.type in ("float", float):
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                     raise ValueError(f"{f.name}: must be a finite number, got {v!r}")
+                if abs(v) > MAX_MAGNITUDE:
+                    raise ValueError(f"{f.name}: must be at most {MAX_MAGNITUDE:g} in magnitude, got {v!r}")
         for name in ("std_unbiased", "anchor_visits", "zero_identical", "graph_invalid", "hgpo_base_group"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be a boolean, got {getattr(self, name)!r}")

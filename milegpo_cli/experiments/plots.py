@@ -12,13 +12,19 @@ import networkx as nx
 import numpy as np
 from matplotlib.figure import Figure
 
+from milegpo_cli.outputs import OutputError
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _save(fig: Figure, path: str | Path) -> Path:
+    """Save as PNG; a folder that cannot be written (a read-only run folder) is one line naming --out."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
+    except OSError as err:
+        raise OutputError(f"cannot write the plot {path} ({err.strerror}); choose another folder with --out") from None
     return path
 
 
