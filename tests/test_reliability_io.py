@@ -424,7 +424,7 @@ def test_credit_unknown_estimator_drop_and_out_of_range_settings(tmp_path):
     src = rollouts_file(tmp_path / "r.jsonl")
     out = tmp_path / "o.jsonl"
     assert one_error_line(credit(src, "-o", out, "--algo", "nosuch")).startswith(
-        "error: --algo: unknown estimator 'nosuch' (allowed: grpo, gigpo, graphgpo, milegpo, oracle-milestones)")
+        "error: --algo: unknown estimator 'nosuch' (allowed: grpo, gigpo, graphgpo, milegpo, hgpo, oracle-milestones)")
     assert "--drop: unknown component(s) ['nosuch']" in one_error_line(credit(src, "-o", out, "--drop", "nosuch"))
     for value in ("1e308", "-1e10"):
         line = one_error_line(credit(src, "-o", out, "--set", f"credit.omega={value}"))
