@@ -47,6 +47,14 @@ def _cli(*args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "milegpo_cli", *args], env=env, cwd=ROOT, text=True, **kw)
 
 
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
 def test_cli_does_not_import_ray():
     out = subprocess.run([sys.executable, "-c", "import sys, milegpo_cli.cli; print('ray' in sys.modules)"],
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, check=True)
@@ -85,7 +93,7 @@ def test_ablate_on_cluster_lands_each_member_once_and_resumes_a_killed_one(clust
                     pids = re.findall(r"task worker pid (\d+), train pid (\d+)", logf.read_text(errors="replace"))
                     if pids:
                         os.kill(int(pids[-1][0]), signal.SIGKILL)  # the Ray worker: its train child dies with it
-                        killed = r["id"]
+                        killed, orphan = r["id"], int(pids[-1][1])
                         break
         time.sleep(0.5)
     if proc.poll() is None:
@@ -94,7 +102,7 @@ def test_ablate_on_cluster_lands_each_member_once_and_resumes_a_killed_one(clust
     out = " ".join((tmp_path / "ablate.out").read_text().split())  # rich wraps long lines
     assert proc.returncode == 0, out[-3000:]
     assert killed is not None, "no member was caught mid-run"
-    assert not orphan.exists()  # the killed attempt's train process died with its worker
+    assert not _running(orphan)  # the killed attempt's train process died with its worker
 
     exp = store.get_experiment(1)  # the only experiment of a fresh database
     runs = store.list_runs(exp["id"])
@@ -154,3 +162,29 @@ def test_engine_actors_play_the_process_workers_episodes_on_the_resource_node(cl
         actors.close()
         procs.close()
         ray_dispatch.disconnect()
+
+
+@pytest.mark.slow
+def test_sweep_on_cluster_reports_its_variants(cluster, tmp_path):
+    """A sweep through the CLI on the cluster, its SQLite store and runs folder checked as seen by both
+    nodes; report --json ranks the variants."""
+    sets = [a for s in TINY for a in ("--set", s)]
+    run = _cli("sweep", "--recipe", "webshop", *sets, "--grid", "ppo.lr=1e-4,3e-4", "--seeds", "2",
+               "--ray", cluster.address, "--runs-dir", str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = run.communicate(timeout=600)[0]
+    assert run.returncode == 0, out[-3000:]
+    store = RunStore(f"sqlite:///{tmp_path / 'milegpo.db'}")
+    exp = store.get_experiment(1)
+    assert exp["kind"] == "sweep" and len(store.list_runs(exp["id"])) == 4
+    rep = _cli("report", "--experiment", str(exp["id"]), "--json", "--runs-dir", str(tmp_path),
+               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    doc = json.loads(rep.communicate(timeout=300)[0])
+    assert set(doc["variants"]["variants"]) == {"milegpo ppo.lr=0.0001", "milegpo ppo.lr=0.0003"}
+
+
+def test_ray_usage_errors_are_one_line():
+    for args, msg in [(["--parallel", "2", "--ray", "local"], "--parallel and --ray exclude each other"),
+                      (["--ray-gpus", "1"], "--ray-gpus needs --ray")]:
+        p = _cli("ablate", "--recipe", "webshop", *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 2 and err.strip().splitlines() == [f"error: {msg}"], err

@@ -30,7 +30,7 @@ from milegpo_cli.config import Config
 from milegpo_cli.credit.config import canonical_drop
 from milegpo_cli.errors import RunNotFound
 from milegpo_cli.experiments.diagnostics import BASELINES, DEFAULT_ABLATIONS
-from milegpo_cli.experiments.runs import ExperimentError
+from milegpo_cli.experiments.runs import ExperimentError, dotted
 from milegpo_cli.trainer.threads import MAX_THREADS_ENV
 
 
@@ -109,17 +109,11 @@ def experiment_name(config: Config, spec: dict, kind: str = "ablate") -> str:
     return f"{kind}-{Path(config.recipe).stem or config.env.name}-{digest}"
 
 
-def _dotted(d: dict, key: str) -> Any:
-    for part in key.split("."):
-        d = (d or {}).get(part) if isinstance(d, dict) else None
-    return d
-
-
 def member_key(cfg: dict, grid: Sequence[str]) -> tuple:
     """What identifies a member among a store's runs: algo, dropped components, seed and grid values
     (read from a run's stored config, or a member's config)."""
     return (cfg["run"]["algo"], tuple(sorted(cfg["credit"].get("drop") or ())), int(cfg["run"]["seed"]),
-            tuple(json.dumps(_dotted(cfg, k), sort_keys=True) for k in grid))
+            tuple(json.dumps(dotted(cfg, k), sort_keys=True) for k in grid))
 
 
 def _register(store, tracker, cfg: Config, exp_id: int, parent: str | None) -> int:

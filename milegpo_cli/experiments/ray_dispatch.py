@@ -123,8 +123,9 @@ def _die_with_parent() -> None:
 
 def _member(cmd: list[str], env: dict[str, str], cwd: str, log_path: str, attempt: int) -> int:
     """The Ray task of a member: ``milegpo train --resume RUN`` on this node; its return code. A
-    cancelled task (Ctrl-C of the driver) stops ``train`` as SIGTERM does: the run is marked killed."""
-    full = {**os.environ, **env}
+    cancelled task (Ctrl-C of the driver) stops ``train`` as SIGTERM does: the run is marked killed.
+    ``train`` joins this cluster (``RAY_ADDRESS``) for engine actors (env.alfworld.workers_backend)."""
+    full = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, **env}
     with open(os.path.join(cwd, log_path), "ab") as log:
         proc = subprocess.Popen([sys.executable, *cmd], stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=full,
                                 preexec_fn=_die_with_parent, start_new_session=True)
@@ -143,14 +144,16 @@ def _member(cmd: list[str], env: dict[str, str], cwd: str, log_path: str, attemp
 
 
 def capacity(cpus: float, gpus: float) -> int:
-    """Members the cluster can run at once with these resources each."""
-    total = ray.cluster_resources()
-    fits = [total.get("CPU", 0.0) // cpus if cpus else float("inf"), total.get("GPU", 0.0) // gpus if gpus else float("inf")]
-    n = min(fits)
+    """Members the cluster's alive nodes can run at once with these resources each (a member runs on one node)."""
+    def fits(have: dict) -> int:
+        n = [have.get("CPU", 0.0) // cpus if cpus else 1_000, have.get("GPU", 0.0) // gpus if gpus else 1_000]
+        return int(min(n))
+
+    n = sum(fits(node["Resources"]) for node in ray.nodes() if node["Alive"])
     if n < 1:
-        raise ExperimentError(f"--ray: no node has room for a member ({cpus:g} CPUs, {gpus:g} GPUs); the cluster has "
-                              f"{total.get('CPU', 0):g} CPUs, {total.get('GPU', 0):g} GPUs")
-    return int(n) if n != float("inf") else 1
+        raise ExperimentError(f"--ray: no node has room for a member ({cpus:g} CPUs = run.threads, {gpus:g} GPUs = "
+                              "--ray-gpus)")
+    return n
 
 
 def train_members(store, todo: list, threads: int, options, console) -> list[str]:

@@ -176,12 +176,15 @@ def grid_keys(exp: dict) -> list[str]:
 
 def grid_label(config: dict, keys: Sequence[str]) -> str:
     """"ppo.lr=0.0001 rollout.groups=4": a run's values of the sweep's keys (as ablate.Member.variant)."""
-    def value(key: str):
-        node = config
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        return node
-    return " ".join(f"{k}={value(k)}" for k in keys)
+    return " ".join(f"{k}={dotted(config, k)}" for k in keys)
+
+
+def dotted(config: dict, key: str):
+    """The value at a dotted key of a config dict ("ppo.lr"); None where it is missing."""
+    node = config
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def resolve(store, refs: list[str]) -> list[RunData]:
