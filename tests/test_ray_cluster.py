@@ -56,7 +56,9 @@ def _running(pid: int) -> bool:
 
 
 def test_cli_does_not_import_ray():
-    out = subprocess.run([sys.executable, "-c", "import sys, milegpo_cli.cli; print('ray' in sys.modules)"],
+    code = ("import sys, milegpo_cli.cli, milegpo_cli.experiments.ablate, milegpo_cli.experiments.sweep, "
+            "envs.alfworld.engine; print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code],
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
