@@ -16,6 +16,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from milegpo_cli.store import RunStore  # noqa: E402
+from milegpo_cli.trainer.checkpoint import list_checkpoints  # noqa: E402
 from test_experiments_ablate import TINY  # noqa: E402  (tests/ is on sys.path: rootdir-relative imports)
 
 OBJECT_STORE = 80 * 2**20
@@ -91,7 +92,7 @@ def test_ablate_on_cluster_lands_each_member_once_and_resumes_a_killed_one(clust
         if killed is None:
             for r in store.list_runs():
                 logf = tmp_path / "logs" / f"run{r['id']}.log"
-                if r["status"] == "running" and r["iterations"] >= 1 and logf.exists():
+                if r["status"] == "running" and logf.exists() and list_checkpoints(tmp_path / "checkpoints" / f"run_{r['id']}"):
                     pids = re.findall(r"task worker pid (\d+), train pid (\d+)", logf.read_text(errors="replace"))
                     if pids:
                         os.kill(int(pids[-1][0]), signal.SIGKILL)  # the Ray worker: its train child dies with it
@@ -115,6 +116,8 @@ def test_ablate_on_cluster_lands_each_member_once_and_resumes_a_killed_one(clust
     assert [it["iteration"] for it in store.iterations(killed)] == [1, 2, 3]  # resumed, not restarted
     member_log = (tmp_path / "logs" / f"run{killed}.log").read_text(errors="replace")
     assert "[ray] attempt 2" in member_log and "[ray] attempt 3" not in member_log
+    assert "iteration 0" in member_log.split("[ray] attempt 2")[0]  # the first attempt evaluated the start...
+    assert "iteration 0" not in member_log.split("[ray] attempt 2")[1]  # ...the second resumed a checkpoint
     assert f"(run {killed}) died (WorkerCrashedError); resuming it from its last checkpoint" in out
     assert f"(run {killed}, attempt 2)" in out
 
