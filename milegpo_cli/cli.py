@@ -227,18 +227,40 @@ def credit(input_arg: Annotated[Optional[Path], typer.Argument(
 
 
 # --- experiments ---------------------------------------------------------------------------------
+SeedsOpt = Annotated[int, typer.Option("--seeds", min=1, metavar="N", help="Seeds per member (0..N-1).")]
+ParallelOpt = Annotated[int, typer.Option("--parallel", min=1, metavar="N",
+                                          help="Members trained at once, each in its own process.")]
+RayOpt = Annotated[Optional[str], typer.Option(
+    "--ray", metavar="ADDRESS",
+    help="Train the members as Ray tasks on a cluster: auto, HOST:PORT, ray://HOST:10001, or local (a cluster "
+         "of this machine's cores); needs the [ray] extra, and a store, MLflow store and --runs-dir every node "
+         "sees (docs/scale.md) [default: no Ray].")]
+RayGpusOpt = Annotated[float, typer.Option("--ray-gpus", min=0.0, metavar="N", help="GPUs of each member's Ray task.")]
+
+
+def _ray_options(address: str | None, gpus: float, parallel: int):
+    """ray_dispatch.RayOptions for --ray (None without it); Ray itself is imported only when training starts."""
+    if address is None:
+        if gpus:
+            raise _fail("--ray-gpus needs --ray", 2)
+        return None
+    if parallel > 1:
+        raise _fail("--parallel and --ray exclude each other (Ray runs as many members as the cluster holds)", 2)
+    from milegpo_cli.experiments.ablate import RayOptions
+
+    return RayOptions(address, gpus)
+
+
 @app.command()
 @_command
 def ablate(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, drop: DropOpt = None,
-           seeds: Annotated[int, typer.Option("--seeds", min=1, metavar="N", help="Seeds per member (0..N-1).")] = 3,
-           algo: AlgoOpt = None, model: ModelOpt = None, iterations: ItersOpt = None, db: DbOpt = None,
+           seeds: SeedsOpt = 3, algo: AlgoOpt = None, model: ModelOpt = None, iterations: ItersOpt = None, db: DbOpt = None,
            mlflow_uri: MlflowOpt = None, runs_dir: RunsDirOpt = None,
            baselines: Annotated[Optional[list[str]], typer.Option(
                "--baseline", metavar="ALGO",
                help="Baseline algorithm trained as extra members (repeatable): grpo, gigpo, graphgpo, hgpo; "
                     "gigpo, graphgpo and hgpo run their verl-agent recipes (credit.preset) [default: none].")] = None,
-           parallel: Annotated[int, typer.Option("--parallel", min=1, metavar="N",
-                               help="Members trained at once, each in its own process.")] = 1,
+           parallel: ParallelOpt = 1, ray: RayOpt = None, ray_gpus: RayGpusOpt = 0.0,
            ablations: Annotated[bool, typer.Option(
                "--ablations/--no-ablations",
                help="Train the --drop ablations (default: every component); --no-ablations trains the full "
@@ -250,13 +272,38 @@ def ablate(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, drop: DropOpt = 
     """
     if drop and not ablations:
         raise typer.BadParameter("--drop and --no-ablations exclude each other", param_hint="--drop")
+    ray_options = _ray_options(ray, ray_gpus, parallel)
     config = _config(recipe, sets, algo, None, model, iterations, None, db, mlflow_uri, runs_dir)
     _runs_folder(config)
     _engine_data(config.store.root)
     run_ablate = _engine("milegpo_cli.experiments.ablate", "run_ablate")
-    run_ablate(config, _store(config.store.db, runs_dir, create=True), config.store.mlflow_uri,
-               (drop or None) if ablations else [], seeds, console,
-               algos=baselines or None, parallel=parallel)
+    run_ablate(config, _store(config.store.db, runs_dir, create=True), config.store.mlflow_uri, (drop or None) if ablations else [],
+               seeds, console,
+               algos=baselines or None, parallel=parallel, ray=ray_options)
+
+
+@app.command()
+@_command
+def sweep(grid: Annotated[list[str], typer.Option(
+              "--grid", metavar="SECTION.KEY=V1,V2,...",
+              help="A config key and its values (TOML values, as --set); repeatable: the variants are every "
+                   "combination.")],
+          recipe: RecipeOpt = "alfworld", sets: SetOpt = None, seeds: SeedsOpt = 3, algo: AlgoOpt = None,
+          model: ModelOpt = None, iterations: ItersOpt = None, drop: DropOpt = None, db: DbOpt = None,
+          mlflow_uri: MlflowOpt = None, runs_dir: RunsDirOpt = None, parallel: ParallelOpt = 1, ray: RayOpt = None,
+          ray_gpus: RayGpusOpt = 0.0) -> None:
+    """Sweep config values over seeds, as one experiment.
+
+    Trains every combination of the --grid values over seeds; rerun the same command to resume it.
+    `milegpo report --experiment ID` ranks the variants (--metric).
+    """
+    ray_options = _ray_options(ray, ray_gpus, parallel)
+    config = _config(recipe, sets, algo, None, model, iterations, drop, db, mlflow_uri, runs_dir)
+    _runs_folder(config)
+    _engine_data(config.store.root)
+    run_sweep = _engine("milegpo_cli.experiments.sweep", "run_sweep")
+    run_sweep(config, _store(config.store.db, runs_dir, create=True), config.store.mlflow_uri, grid, seeds, console,
+              parallel=parallel, ray=ray_options)
 
 
 @app.command()
@@ -305,6 +352,10 @@ def report(experiment: Annotated[Optional[str], typer.Option(
            baseline: Annotated[Optional[str], typer.Option(
                "--baseline", metavar="METHOD",
                help="Method for probability of improvement [default: gigpo, else grpo; full with --by drop].")] = None,
+           metric: Annotated[Optional[str], typer.Option(
+               "--metric", metavar="METRIC",
+               help="Rank the methods (a sweep's variants) by success_id, success_ood, score_id, score_ood or auc_id, "
+                    "the best against each other [default: success_id for a sweep, else no ranking].")] = None,
            out: Annotated[Optional[Path], typer.Option(
                "--out", metavar="DIR", help="Folder for plots [default: <runs-dir>/report/<experiment id or all>].")] = None,
            db: DbOpt = None, runs_dir: RunsDirOpt = None) -> None:
@@ -315,7 +366,7 @@ def report(experiment: Annotated[Optional[str], typer.Option(
     """
     fmt = _json_format(fmt, as_json)
     run_report = _engine("milegpo_cli.experiments.report", "run_report")
-    run_report(_store(db, runs_dir, reader=True), experiment, by, fmt, baseline, out, console)
+    run_report(_store(db, runs_dir, reader=True), experiment, by, fmt, baseline, out, console, metric)
 
 
 # --- runs, ui, envs ------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from milegpo_cli.cli import app
 from milegpo_cli.store import EpisodeRecord, RunStore
 
-COMMANDS = ("train", "rollout", "credit", "diagnose", "ablate", "compare", "report", "runs", "ui", "envs")
+COMMANDS = ("train", "rollout", "credit", "diagnose", "ablate", "sweep", "compare", "report", "runs", "ui", "envs")
 runner = CliRunner()
 SCRIPT = Path(sys.executable).with_name("milegpo")  # installed next to the interpreter by `pip install -e .`
 

@@ -17,6 +17,7 @@ TASK_TYPES = (
 SPLITS = ("train", "id", "ood")
 OFFICIAL_SPLITS = {"train": "train", "id": "valid_seen", "ood": "valid_unseen"}
 EXPERTS = ("handcoded", "planner")
+WORKER_BACKENDS = ("process", "ray")
 ORACLE_MODES = ("all", "sample", "off")  # which slots of a vector env made with oracle labels run the expert
 
 # ALFWorld's own scene split (alfworld/gen/constants.py TRAIN_/TEST_SCENE_NUMBERS): floor plans
@@ -51,6 +52,9 @@ class AlfworldConfig:
     expert: str = "planner"  # oracle / verification expert: "planner" (shortest plan) | "handcoded"
     verify_steps: int = 50  # the expert must win within this many steps for a game to be kept
     workers: int = -1  # engine processes of a vector env: -1 = min(num_envs, cpu count), 0 = in-process
+    workers_backend: str = "process"  # "process": local processes; "ray": Ray actors (envs/alfworld/ray_workers.py)
+    ray_resource: str = ""  # "ray" backend: custom resource of the nodes the actors go to (e.g. "env_host"); "" = any node
+    ray_worker_cpus: float = 1.0  # "ray" backend: CPUs each actor asks
     step_timeout_s: float = 30.0  # per-step engine timeout (worker processes only); 0 = none
     cache: bool = True  # exact transition cache (engine.TransitionCache): same episodes, fewer engine steps
     cache_size: int = 200_000  # transitions kept per process (least recently used evicted; ~1 KB each)
@@ -61,6 +65,10 @@ class AlfworldConfig:
         bad = sorted(set(self.task_types) - set(TASK_TYPES))
         if bad or not self.task_types:
             raise EnvError(f"task_types: unknown {bad or 'empty'}; allowed {list(TASK_TYPES)}")
+        if self.workers_backend not in WORKER_BACKENDS:
+            raise EnvError(f"workers_backend: {self.workers_backend!r}; allowed {list(WORKER_BACKENDS)}")
+        if self.ray_worker_cpus < 0:
+            raise EnvError("ray_worker_cpus: must be >= 0")
         if self.expert not in EXPERTS:
             raise EnvError(f"expert: {self.expert!r}; allowed {list(EXPERTS)}")
         shared = sorted(set(self.train_floorplans) & set(self.ood_floorplans))

@@ -465,6 +465,19 @@ def verify_game(gamefile: str, expert: str, max_steps: int) -> tuple[list[str] |
 
 # ----------------------------------------------------------------------------- batches
 
+def serve(envs: dict[int, GameEnv], cache, experts, max_steps, cmd: str, items) -> list:
+    """One request of a worker (a process or a Ray actor): reset or step its slots' envs in order."""
+    out = []
+    for slot, arg in items:
+        env = envs.setdefault(slot, GameEnv(experts[slot], max_steps, cache))
+        try:
+            out.append(env.reset(arg) if cmd == "reset" else env.step(arg))
+        except Exception:  # noqa: BLE001 - reported to the parent
+            env.close()
+            out.append(EngineError(traceback.format_exc()))
+    return out
+
+
 def _worker(conn, experts, max_steps, cache_size) -> None:
     envs: dict[int, GameEnv] = {}
     cache = transition_cache(cache_size) if cache_size else None
@@ -478,15 +491,7 @@ def _worker(conn, experts, max_steps, cache_size) -> None:
                 e.close()
             conn.send(None)
             return
-        out = []
-        for slot, arg in items:
-            env = envs.setdefault(slot, GameEnv(experts[slot], max_steps, cache))
-            try:
-                out.append(env.reset(arg) if cmd == "reset" else env.step(arg))
-            except Exception:  # noqa: BLE001 - reported to the parent
-                env.close()
-                out.append(EngineError(traceback.format_exc()))
-        conn.send(out)
+        conn.send(serve(envs, cache, experts, max_steps, cmd, items))
 
 
 @dataclass
@@ -504,7 +509,9 @@ class _Ticket:
 
 class AlfworldVectorEnv(VectorEnv):
     """num_envs episode slots; workers=0 steps them in this process, else in worker processes
-    (slots in contiguous blocks; ``step_async`` returns while they step). The expert runs in the first
+    (``backend`` "process") or Ray actors (``backend`` "ray", envs/alfworld/ray_workers.py: each
+    asks ``ray_cpus`` CPUs and a little of the custom resource ``ray_resource``, so they run on the
+    nodes that carry it) (slots in contiguous blocks; ``step_async`` returns while they step). The expert runs in the first
     ``expert_slots`` slots (None: all); ``cache_size`` > 0 turns the transition cache on (one per
     process, shared by its slots)."""
 
@@ -513,7 +520,7 @@ class AlfworldVectorEnv(VectorEnv):
 
     def __init__(self, num_envs: int, *, expert: str | None = None, max_steps: int = 50,
                  workers: int = -1, step_timeout_s: float = 30.0, expert_slots: int | None = None,
-                 cache_size: int = 0):
+                 cache_size: int = 0, backend: str = "process", ray_resource: str = "", ray_cpus: float = 1.0):
         if num_envs < 1:
             raise ValueError("num_envs: must be >= 1")
         self._n = num_envs
@@ -521,6 +528,7 @@ class AlfworldVectorEnv(VectorEnv):
         labelled = num_envs if expert_slots is None else expert_slots
         self.experts = [expert if i < labelled else None for i in range(num_envs)]
         self.cache_size = cache_size
+        self.backend, self.ray_resource, self.ray_cpus = backend, ray_resource, ray_cpus
         self._cache = transition_cache(cache_size) if cache_size and workers == 0 else None
         self.workers = min(num_envs, os.cpu_count() or 1) if workers < 0 else min(workers, num_envs)
         self._local: dict[int, GameEnv] = {}
@@ -542,12 +550,18 @@ class AlfworldVectorEnv(VectorEnv):
         return self._n
 
     def _spawn(self, w: int) -> None:
-        parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker, args=(child, self.experts, self.max_steps, self.cache_size),
-                                 daemon=True)
-        proc.start()
-        child.close()
-        self._procs[w], self._conns[w] = proc, parent
+        if self.backend == "ray":
+            from envs.alfworld import ray_workers
+
+            self._procs[w], self._conns[w] = ray_workers.spawn(self.experts, self.max_steps, self.cache_size,
+                                                               self.ray_resource, self.ray_cpus)
+        else:
+            parent, child = self._ctx.Pipe()
+            proc = self._ctx.Process(target=_worker, args=(child, self.experts, self.max_steps, self.cache_size),
+                                     daemon=True)
+            proc.start()
+            child.close()
+            self._procs[w], self._conns[w] = proc, parent
         self._gen[w] += 1
         self._queued[w].clear()
 

@@ -112,7 +112,9 @@ class AlfworldSuite(EnvSuite):
         return engine.AlfworldVectorEnv(num_envs, expert=self.config.expert if slots else None,
                                         max_steps=self.max_steps, workers=self.config.workers,
                                         step_timeout_s=self.config.step_timeout_s, expert_slots=slots,
-                                        cache_size=self.config.cache_size if self.config.cache else 0)
+                                        cache_size=self.config.cache_size if self.config.cache else 0,
+                                        backend=self.config.workers_backend, ray_resource=self.config.ray_resource,
+                                        ray_cpus=self.config.ray_worker_cpus)
 
     def text_corpus(self) -> Iterable[str]:
         """Grammar sentences, goal templates and command forms over ALFWorld's object names."""

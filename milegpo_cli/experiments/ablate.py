@@ -6,7 +6,9 @@ it: finished members are skipped, unfinished ones continue via ``train(resume_ru
 their last checkpoint. Members are pre-registered in the store (with the experiment id) and in
 MLflow (child runs tagged ``mlflow.parentRunId`` under the experiment's parent run) before they
 train, so a crash at any point leaves nothing to duplicate. ``parallel > 1`` trains members in
-``milegpo train --resume RUN`` subprocesses. Members train seed by seed (every variant's seed 0, then
+``milegpo train --resume RUN`` subprocesses; ``ray`` runs those subprocesses as Ray tasks on a
+cluster (experiments/ray_dispatch.py). ``milegpo sweep`` (experiments/sweep.py) runs a grid of
+config values through the same machinery (:func:`run_experiment`). Members train seed by seed (every variant's seed 0, then
 seed 1, ...), so an experiment interrupted part way holds whole seeds of every variant: its
 comparisons stay paired.
 """
@@ -20,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from rich.table import Table as RichTable
 
@@ -28,7 +30,7 @@ from milegpo_cli.config import Config
 from milegpo_cli.credit.config import RECIPE_SETTINGS, canonical_drop
 from milegpo_cli.errors import RunNotFound
 from milegpo_cli.experiments.diagnostics import BASELINES, DEFAULT_ABLATIONS
-from milegpo_cli.experiments.runs import ExperimentError
+from milegpo_cli.experiments.runs import ExperimentError, dotted
 from milegpo_cli.trainer.threads import MAX_THREADS_ENV
 
 
@@ -37,10 +39,22 @@ class Member:
     algo: str
     drop: tuple[str, ...]
     seed: int
+    sets: tuple[tuple[str, Any], ...] = ()  # a sweep's grid values: (dotted key, value)
+
+    @property
+    def variant(self) -> str:
+        return self.algo + "".join(f" -{d}" for d in self.drop) + "".join(f" {k}={v}" for k, v in self.sets)
 
     @property
     def label(self) -> str:
-        return self.algo + "".join(f" -{d}" for d in self.drop) + f" s{self.seed}"
+        return f"{self.variant} s{self.seed}"
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """``--ray ADDRESS`` (auto, HOST:PORT, ray://HOST:10001, or local) and ``--ray-gpus``."""
+    address: str
+    gpus: float = 0.0  # num_gpus of each member's task
 
 
 def members(config: Config, drops: Sequence[str] | None, seeds: int, algos: Sequence[str] | None = None) -> list[Member]:
@@ -77,6 +91,12 @@ def member_config(config: Config, m: Member) -> Config:
     d = config.to_dict()
     d["run"].update(algo=m.algo, seed=m.seed, name="")
     d["credit"]["drop"] = list(m.drop)
+    for key, value in m.sets:
+        *parents, last = key.split(".")
+        node = d
+        for part in parents:
+            node = node[part]
+        node[last] = value
     if m.algo in PRESET_BASELINES and m.algo != config.run.algo and not d["credit"].get("preset"):
         d["credit"]["preset"] = "verl-agent"
         d["credit"].update(RECIPE_SETTINGS.get((m.algo, config.env.name), {}))
@@ -86,12 +106,19 @@ def member_config(config: Config, m: Member) -> Config:
 def spec_of(config: Config, ms: Sequence[Member]) -> dict:
     base = config.to_dict()
     base["run"].update(seed=0, name="")
-    return {"base": base, "members": [[m.algo, list(m.drop), m.seed] for m in ms]}
+    return {"base": base, "members": [[m.algo, list(m.drop), m.seed] + ([dict(m.sets)] if m.sets else []) for m in ms]}
 
 
-def experiment_name(config: Config, spec: dict) -> str:
+def experiment_name(config: Config, spec: dict, kind: str = "ablate") -> str:
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
-    return f"ablate-{Path(config.recipe).stem or config.env.name}-{digest}"
+    return f"{kind}-{Path(config.recipe).stem or config.env.name}-{digest}"
+
+
+def member_key(cfg: dict, grid: Sequence[str]) -> tuple:
+    """What identifies a member among a store's runs: algo, dropped components, seed and grid values
+    (read from a run's stored config, or a member's config)."""
+    return (cfg["run"]["algo"], tuple(sorted(cfg["credit"].get("drop") or ())), int(cfg["run"]["seed"]),
+            tuple(json.dumps(dotted(cfg, k), sort_keys=True) for k in grid))
 
 
 def _register(store, tracker, cfg: Config, exp_id: int, parent: str | None) -> int:
@@ -121,55 +148,92 @@ def _status_table(store, rows: list[tuple[Member, int]], title: str) -> RichTabl
 
 
 def run_ablate(config: Config, store, tracker_uri: str | None, drops: Sequence[str] | None, seeds: int, console,
-               algos: Sequence[str] | None = None, parallel: int = 1) -> int:
-    """Run (or resume) the ablation experiment of ``config``; returns its experiment id."""
+               algos: Sequence[str] | None = None, parallel: int = 1, ray=None) -> int:
+    """Run (or resume) the ablation experiment of ``config``; returns its experiment id. ``ray``: a
+    ray_dispatch.RayOptions to train the members on a Ray cluster."""
+    ms = members(config, drops, seeds, algos)
+    ablated = list(DEFAULT_ABLATIONS if drops is None else drops)
+    params = {"ablate": {"drops": ablated, "seeds": seeds, "algos": list(algos or ()), "recipe": config.recipe}}
+    return run_experiment(config, store, tracker_uri, ms, "ablate", params, console, parallel, ray)
+
+
+def run_experiment(config: Config, store, tracker_uri: str | None, ms: Sequence[Member], kind: str, params: dict,
+                   console, parallel: int = 1, ray=None) -> int:
+    """Register (or find) the experiment of members ``ms`` and train those not finished; returns its id."""
     from milegpo_cli.store.tracking import Tracker
 
     if parallel < 1:
         raise ExperimentError(f"parallel: must be >= 1, got {parallel}")
-    ms = members(config, drops, seeds, algos)
-    spec = spec_of(config, ms)
-    name = experiment_name(config, spec)
+    if ray is not None and parallel > 1:
+        raise ExperimentError("--parallel and --ray exclude each other (Ray runs as many members as the cluster holds)")
+    dispatch = _connect(ray, store, tracker_uri or config.store.mlflow_uri, config.store.root)
     try:
-        exp = store.get_experiment(name)
-        exp_id = exp["id"]
-        console.print(f"resuming experiment {exp_id} ({name})")
-    except RunNotFound:
-        exp_id = store.create_experiment(name, kind="ablate", recipe=config.recipe, config=spec)
-        exp = store.get_experiment(exp_id)
-        console.print(f"experiment {exp_id} ({name}): {len(ms)} members")
-    tracker = Tracker(tracker_uri) if tracker_uri else None
-    parent = exp.get("mlflow_run_id")
-    if tracker is not None and not parent:
-        ablated = list(DEFAULT_ABLATIONS if drops is None else drops)
-        parent = tracker.start_run(name, params={"ablate": {"drops": ablated, "seeds": seeds,
-                                                            "algos": list(algos or ()), "recipe": config.recipe}},
-                                   tags={"milegpo.experiment_id": exp_id})
-        store.set_experiment_mlflow_run_id(exp_id, parent)
+        spec = spec_of(config, ms)
+        name = experiment_name(config, spec, kind)
+        try:
+            exp = store.get_experiment(name)
+            exp_id = exp["id"]
+            console.print(f"resuming experiment {exp_id} ({name})")
+        except RunNotFound:
+            exp_id = store.create_experiment(name, kind=kind, recipe=config.recipe, config=spec)
+            exp = store.get_experiment(exp_id)
+            console.print(f"experiment {exp_id} ({name}): {len(ms)} members")
+        tracker = Tracker(tracker_uri) if tracker_uri else None
+        parent = exp.get("mlflow_run_id")
+        if tracker is not None and not parent:
+            parent = tracker.start_run(name, params=params, tags={"milegpo.experiment_id": exp_id})
+            store.set_experiment_mlflow_run_id(exp_id, parent)
 
-    existing = {(r["algo"], tuple(sorted(r["drop"] or ())), int(r["seed"])): r for r in store.list_runs(exp_id)}
-    plan: list[tuple[Member, int]] = []
-    for m in ms:
-        row = existing.get((m.algo, m.drop, m.seed))
-        rid = row["id"] if row else _register(store, tracker, member_config(config, m), exp_id, parent)
-        plan.append((m, rid))
-    todo = [(m, rid) for m, rid in seed_major(plan) if (existing.get((m.algo, m.drop, m.seed)) or {}).get("status") != "finished"]
-    console.print(f"{len(plan) - len(todo)} finished, {len(todo)} to train")
+        grid = sorted({k for m in ms for k, _ in m.sets})
+        existing = {member_key(r["config"], grid): r for r in store.list_runs(exp_id)}
+        plan: list[tuple[Member, int]] = []
+        done = set()
+        for m in ms:
+            cfg = member_config(config, m)
+            row = existing.get(member_key(cfg.to_dict(), grid))
+            rid = row["id"] if row else _register(store, tracker, cfg, exp_id, parent)
+            plan.append((m, rid))
+            if row and row["status"] == "finished":
+                done.add(rid)
+        todo = [(m, rid) for m, rid in seed_major(plan) if rid not in done]
+        console.print(f"{len(plan) - len(todo)} finished, {len(todo)} to train")
 
-    try:
-        failed = _train_members(config, store, tracker_uri, todo, parallel, console)
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cli.main): members were stopped and marked killed
-        if tracker is not None:
-            tracker.run_id = parent
-            tracker.end("KILLED")
-        raise
+        try:
+            if dispatch is not None:
+                failed = dispatch.train_members(store, todo, config.run.threads, ray, console)
+            else:
+                failed = _train_members(config, store, tracker_uri, todo, parallel, console)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cli.main): members were stopped and marked killed
+            if tracker is not None:
+                tracker.run_id = parent
+                tracker.end("KILLED")
+            raise
+    finally:
+        if dispatch is not None:
+            dispatch.disconnect()
     console.print(_status_table(store, plan, f"experiment {exp_id}: {name}"))
     if tracker is not None:
         tracker.run_id = parent
         tracker.end("FAILED" if failed else "FINISHED")
     if failed:
-        raise ExperimentError(f"ablate: {len(failed)} member(s) failed: {', '.join(failed)}; rerun the same command to resume")
+        raise ExperimentError(f"{kind}: {len(failed)} member(s) failed: {', '.join(failed)}; "
+                              "rerun the same command to resume")
     return exp_id
+
+
+def _connect(ray, store, mlflow_uri: str, runs_dir: str):
+    """The ray_dispatch module, joined to the cluster and with the shared folders checked (None without ``ray``)."""
+    if ray is None:
+        return None
+    from milegpo_cli.experiments import ray_dispatch
+
+    ray_dispatch.connect(ray.address)
+    try:
+        ray_dispatch.check_shared(ray.address, store.url, mlflow_uri, runs_dir)
+    except BaseException:
+        ray_dispatch.disconnect()
+        raise
+    return ray_dispatch
 
 
 def _train_members(config: Config, store, tracker_uri: str | None, todo: list[tuple[Member, int]], parallel: int,

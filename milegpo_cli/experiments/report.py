@@ -23,9 +23,11 @@ from rich.table import Table as RichTable
 
 from milegpo_cli.experiments import curves, plots, stats
 from milegpo_cli.experiments.diagnose import trained_credit_auc
-from milegpo_cli.experiments.runs import ALL, ExperimentError, RunData, dumps, experiment_runs, load_run
+from milegpo_cli.experiments.runs import ALL, ExperimentError, RunData, dumps, experiment_runs, grid_keys, load_run
 
 BY = ("algo", "drop")
+VARIANT_METRICS = ("success_id", "success_ood", "score_id", "score_ood", "auc_id")  # --metric: final value on a split, or area of the id curve
+DEFAULT_SWEEP_METRIC = "success_id"
 FORMATS = ("table", "md", "csv", "json", "html")
 SPLITS = ("id", "ood")
 
@@ -203,6 +205,41 @@ def _area_table(groups: dict[str, list[RunData]], data: dict, metrics: Sequence[
                  "labels, mean [95% CI] over seeds", cols + ["credit AUC"], rows)
 
 
+def metric_value(run: RunData, metric: str) -> float | None:
+    """A run's value of a ``VARIANT_METRICS`` metric (None: not evaluated)."""
+    if metric == "auc_id":
+        return curves.area(run, "id", "success")
+    met, split = metric.rsplit("_", 1)
+    e = run.final(split)
+    return None if e is None else float(getattr(e, met))
+
+
+def variants_table(groups: dict[str, list[RunData]], data: dict, metric: str, title: str, seed: int) -> Table:
+    """The variants ranked by the mean of ``metric`` over seeds (mean ± std [CI], IQM [CI]), and the best
+    one against each other: P(best > variant), its Mann-Whitney p, the difference paired by seed and
+    its MDE; fills ``data["variants"]``."""
+    if metric not in VARIANT_METRICS:
+        raise ExperimentError(f"metric: must be one of {', '.join(VARIANT_METRICS)}, got {metric!r}")
+    by = {m: v for m, rs in groups.items() if (v := _by_seed(rs, lambda r: metric_value(r, metric)))}
+    if not by:
+        raise ExperimentError(f"metric: no reported run has {metric}")
+    means = {m: float(np.mean(list(v.values()))) for m, v in by.items()}
+    best = max(means, key=lambda m: (means[m], m))
+    data["variants"] = {"metric": metric, "best": best, "variants": {}}
+    rows = []
+    for m in sorted(means, key=lambda m: -means[m]):
+        s = stats.summarize(list(by[m].values()), seed=seed)
+        vs = None if m == best else _versus(by[best], by[m], seed)
+        data["variants"]["variants"][m] = {"seeds": sorted(by[m]), "summary": s.to_dict(), "best_vs_this": vs}
+        rows.append([m + (" (best)" if m == best else ""), str(s.n), _fmt_summary(s), _fmt(s.iqm, 100.0)]
+                    + _versus_cells(vs))
+    return Table(f"{title}: variants by {metric} (%), mean ± std [95% CI] and IQM [95% CI] over seeds; the best "
+                 "against each other: probability of improvement with its Mann-Whitney p, difference paired by "
+                 "seed [95% CI] and its minimum detectable difference",
+                 ["variant", "seeds", metric, f"IQM {metric}", "P(best > variant)", "p (Mann-Whitney)",
+                  "best - variant", "MDE"], rows)
+
+
 class Covered(NamedTuple):
     runs: list[RunData]  # what the report counts
     left_out: list[int]  # unfinished runs
@@ -234,11 +271,12 @@ def reported_runs(runs: Sequence[RunData], by: str) -> Covered:
 
 def report_from_runs(
     runs: Sequence[RunData], *, by: str = "algo", baseline: str | None = None, title: str = "report", seed: int = 0,
-    credit: Mapping[int, float] | None = None,
+    credit: Mapping[int, float] | None = None, metric: str | None = None,
 ) -> Report:
     """Build the tables from plain run views (pure; ``build_report`` loads them from the store).
 
     ``credit``: run id -> credit ROC-AUC of its trained advantages (runs without one show "-").
+    ``metric``: also rank the methods by it (``variants_table``).
     """
     runs, left_out, duplicates = reported_runs(runs, by)
     groups: dict[str, list[RunData]] = {}
@@ -314,6 +352,8 @@ def report_from_runs(
                             "episodes per seed (id, ood)",
                             ["method", "task type", "metric", "seeds", "episodes", "id", "ood", "gap"],
                             type_rows))
+    if metric is not None:
+        tables.insert(0, variants_table(groups, data, metric, title, seed))
     tables += [_curve_table(groups, data, metrics, title, seed),
                _area_table(groups, data, metrics, baseline, credit or {}, title, seed)]
     return Report(title=title, by=by, baseline=baseline, metrics=metrics, data=data, tables=tables)
@@ -388,8 +428,10 @@ def to_rich(tables: Sequence[Table]):
     return out
 
 
-def build_report(store, experiment: int | str | None = None, by: str = "algo", baseline: str | None = None) -> Report:
-    """The report of an experiment's runs (default: every run in the store)."""
+def build_report(store, experiment: int | str | None = None, by: str = "algo", baseline: str | None = None,
+                 metric: str | None = None) -> Report:
+    """The report of an experiment's runs (default: every run in the store); a sweep's (or with
+    ``metric``) ranks its variants by ``metric`` (default ``success_id``)."""
     if experiment is None:
         runs = [load_run(store, r["id"]) for r in store.list_runs()]
         title, exp = "all runs", None
@@ -398,7 +440,9 @@ def build_report(store, experiment: int | str | None = None, by: str = "algo", b
         title = f"experiment {exp['id']} ({exp['name']})"
     credit = {r.run_id: auc for r in reported_runs(runs, by).runs  # the runs the report covers, not all of the store
               if (auc := trained_credit_auc(store, r.run_id)) is not None}
-    report = report_from_runs(runs, by=by, baseline=baseline, title=title, credit=credit)
+    if metric is None and exp is not None and grid_keys(exp):
+        metric = DEFAULT_SWEEP_METRIC
+    report = report_from_runs(runs, by=by, baseline=baseline, title=title, credit=credit, metric=metric)
     report.data["root"] = runs[0].root
     report.data["experiment"] = None if exp is None else {"id": exp["id"], "name": exp["name"],
                                                           "mlflow_run_id": exp["mlflow_run_id"]}
@@ -424,12 +468,12 @@ def log_plots(store, report: Report) -> str | None:
 
 
 def run_report(store, experiment: int | str | None, by: str, fmt: str, baseline: str | None,
-               out_dir: str | Path | None, console) -> Report:
+               out_dir: str | Path | None, console, metric: str | None = None) -> Report:
     """``milegpo report``: print the tables in ``fmt``; plots to ``out_dir`` (default
     ``<store root>/report/<experiment id or 'all'>``), logged to the experiment's MLflow parent run."""
     if fmt not in FORMATS:
         raise ExperimentError(f"format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    report = build_report(store, experiment, by, baseline)
+    report = build_report(store, experiment, by, baseline, metric)
     exp = report.data["experiment"]
     plot_report(report, out_dir or Path(report.data["root"]) / "report" / (str(exp["id"]) if exp else "all"))
     log_plots(store, report)

@@ -9,8 +9,9 @@ their tables.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Sequence
 
 import numpy as np
 from rich import box
@@ -78,6 +79,7 @@ class RunData:
     root: str = "runs"  # the run's output folder (config store.root), for default plot folders
     formulation: str = DEFAULT_FORMULATION  # MileGPO's credit.formulation
     preset: str = ""  # credit.preset
+    grid: str = ""  # a sweep member's grid values, "ppo.lr=0.0001 rollout.groups=4" (experiment_runs)
 
     @property
     def variant(self) -> str:
@@ -89,8 +91,9 @@ class RunData:
 
     @property
     def method(self) -> str:
-        """algo, with its formulation and ablated components (e.g. ``milegpo -reliability``, ``milegpo (paper)``)."""
-        return self.algo + self.variant + "".join(f" -{d}" for d in sorted(self.drop))
+        """algo, with its formulation, ablated components and sweep values (e.g. ``milegpo -reliability``,
+        ``milegpo (paper)``, ``milegpo ppo.lr=0.0001``)."""
+        return self.algo + self.variant + "".join(f" -{d}" for d in sorted(self.drop)) + (f" {self.grid}" if self.grid else "")
 
     def final(self, split: str, task_type: str = ALL) -> EvalResult | None:
         """The evaluation at the last evaluated iteration."""
@@ -164,7 +167,29 @@ def load_run(store, ref: int | str) -> RunData:
 def experiment_runs(store, ref: int | str) -> tuple[dict, list[RunData]]:
     """An experiment (by id or name) and its runs; raises RunNotFound when it does not exist."""
     exp = store.get_experiment(ref)
-    return exp, [load_run(store, r["id"]) for r in store.list_runs(experiment_id=exp["id"])]
+    rows = store.list_runs(experiment_id=exp["id"])
+    keys = grid_keys(exp)
+    return exp, [replace(load_run(store, r["id"]), grid=grid_label(r["config"], keys)) if keys else load_run(store, r["id"])
+                 for r in rows]
+
+
+def grid_keys(exp: dict) -> list[str]:
+    """The config keys a sweep experiment varies (its spec's members carry {key: value}); [] otherwise."""
+    members = (exp.get("config") or {}).get("members") or []
+    return sorted({k for m in members if len(m) > 3 for k in m[3]})
+
+
+def grid_label(config: dict, keys: Sequence[str]) -> str:
+    """"ppo.lr=0.0001 rollout.groups=4": a run's values of the sweep's keys (as ablate.Member.variant)."""
+    return " ".join(f"{k}={dotted(config, k)}" for k in keys)
+
+
+def dotted(config: dict, key: str):
+    """The value at a dotted key of a config dict ("ppo.lr"); None where it is missing."""
+    node = config
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def resolve(store, refs: list[str]) -> list[RunData]:

@@ -28,7 +28,8 @@ BASE_VERSION = 3  # 2: own seed (base.seed); 3: prompts keep the task line when 
 ENV_BASE_VERSION = {"alfworld": 3}
 MARKER = "base.json"
 # environment settings that change how steps are computed, not the games or the observations
-_ENV_RUNTIME_KEYS = ("workers", "step_timeout_s", "data_dir", "cache", "cache_size", "oracle_share")
+_ENV_RUNTIME_KEYS = ("workers", "step_timeout_s", "data_dir", "cache", "cache_size", "oracle_share", "workers_backend",
+                     "ray_resource", "ray_worker_cpus")
 
 
 def _env_fingerprint(config) -> dict:

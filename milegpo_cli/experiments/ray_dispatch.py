@@ -1,0 +1,220 @@
+"""Members of an experiment as Ray tasks (``milegpo ablate/sweep --ray ADDRESS``).
+
+Each member runs as one Ray task that starts the same ``milegpo train --resume RUN`` subprocess as
+``--parallel`` does, on whichever node Ray places it (``num_cpus`` = the member's ``run.threads``,
+``num_gpus`` = ``--ray-gpus``). Members are pre-registered in the store before any task starts, so a
+task only ever resumes a run: a member whose task dies (its worker or ``train`` process killed, its
+node lost) is submitted again, resuming from its last checkpoint, at most ``RETRIES`` times; it is
+never trained twice as two runs. The ``train`` process dies with the task's worker (Linux
+``PR_SET_PDEATHSIG``), so a retried member never overlaps its previous attempt. At most as many
+members run as the cluster has room for, taken in the experiment's seed-by-seed order (a retried
+member goes first).
+
+Every node must see the store, the MLflow store and the runs folder: :func:`check_shared` asks each
+node before anything starts. This module imports Ray; import it only when ``--ray`` is given.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Sequence
+
+from sqlalchemy.engine import make_url
+
+from milegpo_cli.experiments.runs import ExperimentError
+from milegpo_cli.trainer.threads import MAX_THREADS_ENV
+
+try:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+except ModuleNotFoundError as err:  # the [ray] extra is not installed
+    raise ExperimentError("--ray needs Ray: pip install 'milegpo[ray]'") from err
+
+LOCAL = "local"  # --ray local: a one-node cluster of this machine's cores, started and stopped here
+RETRIES = 3  # resubmissions of a member whose task died
+LOCAL_OBJECT_STORE = 128 * 2**20  # members exchange return codes only
+PASSED_ENV = ("ALFWORLD_DATA", "PYTHONPATH")  # the driver's paths, valid on every node of a shared folder
+PASSED_PREFIX = "MILEGPO_"
+STOP_GRACE_S = 60.0
+
+
+def connect(address: str) -> None:
+    """Join the cluster at ``address`` (``local``: start one on this machine's cores)."""
+    if ray.is_initialized():
+        return
+    try:
+        if address == LOCAL:
+            ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE,
+                     log_to_driver=False)
+        else:
+            ray.init(address=address, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise ExperimentError(f"--ray {address}: cannot reach the cluster: {err}") from None
+
+
+def shared_paths(store_url: str, mlflow_uri: str, runs_dir: str | Path) -> dict[str, Path]:
+    """what -> absolute folder that every node must see: the runs folder, a SQLite store's folder, a
+    file MLflow store (server URLs need nothing)."""
+    out = {"--runs-dir": Path(runs_dir).resolve()}
+    url = make_url(store_url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        out["--db (a SQLite store)"] = Path(url.database).resolve().parent
+    scheme, _, rest = mlflow_uri.partition(":")
+    if not rest:  # a bare path is a file store
+        out["--mlflow-uri (a file store)"] = Path(mlflow_uri).resolve()
+    elif scheme == "file":
+        out["--mlflow-uri (a file store)"] = Path("/" + rest.lstrip("/")).resolve()
+    elif scheme == "sqlite":
+        out["--mlflow-uri (a SQLite store)"] = Path(rest[3:]).resolve().parent
+    return out
+
+
+def unseen(paths: dict[str, Path], answers: dict[str, set[str]]) -> list[str]:
+    """'<what> <folder> is not seen by node <ip>' for every folder a node did not find (``answers``:
+    node ip -> the folders it found)."""
+    return [f"{what} {folder} is not seen by node {node}" for node, found in sorted(answers.items())
+            for what, folder in paths.items() if str(folder) not in found]
+
+
+def _found(markers: Sequence[str]) -> tuple[str, set[str]]:
+    return ray.util.get_node_ip_address(), {str(Path(m).parent) for m in markers if os.path.exists(m)}
+
+
+def check_shared(address: str, store_url: str, mlflow_uri: str, runs_dir: str | Path) -> None:
+    """Refuse (ExperimentError, one line) a store, MLflow store or runs folder that some alive node
+    does not see: a marker file is written in each folder here and looked for on every node. A
+    ``local`` cluster is this machine: nothing to check."""
+    if address == LOCAL:
+        return
+    paths = shared_paths(store_url, mlflow_uri, runs_dir)
+    tag = f".milegpo-ray-check-{uuid.uuid4().hex}"
+    markers = []
+    try:
+        for folder in paths.values():
+            folder.mkdir(parents=True, exist_ok=True)
+            markers.append(str(folder / tag))
+            Path(markers[-1]).touch()
+        probe = ray.remote(num_cpus=0)(_found)
+        refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(markers)
+                for n in ray.nodes() if n["Alive"]]
+        answers = dict(ray.get(refs, timeout=120))
+    finally:
+        for m in markers:
+            Path(m).unlink(missing_ok=True)
+    missing = unseen(paths, answers)
+    if missing:
+        raise ExperimentError(f"--ray {address}: {missing[0]}; use a PostgreSQL store (--db postgresql://...), "
+                              "an MLflow server (--mlflow-uri http://...) and a runs folder every node mounts")
+
+
+def _die_with_parent() -> None:
+    """In the ``train`` child: SIGKILL when the task's worker dies (Linux), so no attempt outlives its task."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _member(cmd: list[str], env: dict[str, str], cwd: str, log_path: str, attempt: int) -> int:
+    """The Ray task of a member: ``milegpo train --resume RUN`` on this node; its return code. A
+    cancelled task (Ctrl-C of the driver) stops ``train`` as SIGTERM does: the run is marked killed.
+    ``train`` joins this cluster (``RAY_ADDRESS``) for engine actors (env.alfworld.workers_backend)."""
+    full = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, **env}
+    with open(os.path.join(cwd, log_path), "ab") as log:
+        proc = subprocess.Popen([sys.executable, *cmd], stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=full,
+                                preexec_fn=_die_with_parent, start_new_session=True)
+        log.write(f"[ray] attempt {attempt}: node {ray.util.get_node_ip_address()}, task worker pid {os.getpid()}, "
+                  f"train pid {proc.pid}\n".encode())
+        log.flush()
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+
+
+def capacity(cpus: float, gpus: float) -> int:
+    """Members the cluster's alive nodes can run at once with these resources each (a member runs on one node)."""
+    def fits(have: dict) -> int:
+        n = [have.get("CPU", 0.0) // cpus if cpus else 1_000, have.get("GPU", 0.0) // gpus if gpus else 1_000]
+        return int(min(n))
+
+    n = sum(fits(node["Resources"]) for node in ray.nodes() if node["Alive"])
+    if n < 1:
+        raise ExperimentError(f"--ray: no node has room for a member ({cpus:g} CPUs = run.threads, {gpus:g} GPUs = "
+                              "--ray-gpus)")
+    return n
+
+
+def train_members(store, todo: list, threads: int, options, console) -> list[str]:
+    """Train ``todo`` ([(member, run id)], in order) as Ray tasks (``options``: ablate.RayOptions); returns the failures. A task that
+    died is resubmitted (``train --resume``) up to ``RETRIES`` times; a ``train`` that failed is not."""
+    task = ray.remote(_member).options(num_cpus=threads, num_gpus=options.gpus, max_retries=0)
+    slots = capacity(threads, options.gpus)
+    env = {MAX_THREADS_ENV: str(threads), **{k: v for k, v in os.environ.items()
+                                             if k in PASSED_ENV or k.startswith(PASSED_PREFIX)}}
+    queue = [(m, rid, 1) for m, rid in todo]
+    running: dict = {}
+    failed: list[str] = []
+    try:
+        while queue or running:
+            while queue and len(running) < slots:
+                m, rid, attempt = queue.pop(0)
+                root = (store.get_run(rid)["config"].get("store") or {}).get("root") or "runs"
+                log = Path(root) / "logs" / f"run{rid}.log"
+                log.parent.mkdir(parents=True, exist_ok=True)
+                cmd = ["-m", "milegpo_cli", "train", "--resume", str(rid), "--db", store.url]
+                running[task.remote(cmd, env, os.getcwd(), str(log), attempt)] = (m, rid, attempt, log)
+                console.print(f"submitted {m.label} (run {rid}, attempt {attempt}), log {log}")
+            done, _ = ray.wait(list(running), num_returns=1, timeout=2.0)
+            for ref in done:
+                m, rid, attempt, log = running.pop(ref)
+                try:
+                    code, why = ray.get(ref), ""
+                except ray.exceptions.RayError as err:  # worker or node died, task cancelled
+                    code, why = None, type(err).__name__
+                status = store.get_run(rid)["status"]
+                if code == 0 and status == "finished":
+                    console.print(f"{m.label} (run {rid}) finished")
+                    continue
+                died = code is None or code < 0 or status in ("killed", "running")
+                why = why or (f"killed by signal {-code}" if code < 0 else f"exit {code}")
+                if died and attempt <= RETRIES:
+                    console.print(f"[yellow]{m.label} (run {rid}) died ({why}); resuming it from its last checkpoint "
+                                  f"(attempt {attempt + 1})[/yellow]")
+                    queue.insert(0, (m, rid, attempt + 1))
+                else:
+                    failed.append(f"{m.label} (run {rid}: {why}, see {log})")
+                    console.print(f"[red]{m.label} (run {rid}) failed: {why}[/red]")
+    except BaseException:
+        stop(running, console)
+        raise
+    return failed
+
+
+def stop(running: dict, console) -> None:
+    """Cancel the running members (their ``train`` gets SIGTERM and marks its run killed), then force."""
+    for ref in running:
+        ray.cancel(ref)
+    done, left = ray.wait(list(running), num_returns=len(running), timeout=STOP_GRACE_S)
+    for ref in left:
+        ray.cancel(ref, force=True)
+    for ref in running:
+        m, rid, _, _ = running[ref]
+        console.print(f"stopped {m.label} (run {rid})")
+
+
+def disconnect() -> None:
+    """Leave the cluster (a ``local`` one stops)."""
+    if ray.is_initialized():
+        ray.shutdown()
