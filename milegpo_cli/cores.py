@@ -49,7 +49,7 @@ def free_cores(cores: int, others_busy: float) -> int:
     return max(1, min(cores, math.floor(cores - others_busy + BUSY_SLACK + 1e-9)))
 
 
-def torch_threads(requested: int, cores: int, others_busy: float = 0.0) -> int:
+def thread_count(requested: int, cores: int, others_busy: float = 0.0) -> int:
     """Torch intra-op threads: ``requested``, capped by the free cores."""
     return max(1, min(requested, free_cores(cores, others_busy)))
 

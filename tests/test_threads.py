@@ -28,13 +28,13 @@ def test_usable_cores_take_the_smallest_of_affinity_quota_and_share():
 
 
 def test_threads_drop_to_one_when_another_process_holds_a_core():
-    assert cores.torch_threads(2, cores=2, others_busy=0.0) == 2
-    assert cores.torch_threads(2, cores=2, others_busy=0.2) == 2  # a little background noise
-    assert cores.torch_threads(2, cores=2, others_busy=0.5) == 1
-    assert cores.torch_threads(2, cores=2, others_busy=1.0) == 1  # one `while True: pass` beside it
-    assert cores.torch_threads(2, cores=2, others_busy=3.0) == 1  # never 0
-    assert cores.torch_threads(4, cores=8, others_busy=5.0) == 3
-    assert cores.torch_threads(1, cores=8, others_busy=0.0) == 1  # never more than asked
+    assert cores.thread_count(2, cores=2, others_busy=0.0) == 2
+    assert cores.thread_count(2, cores=2, others_busy=0.2) == 2  # a little background noise
+    assert cores.thread_count(2, cores=2, others_busy=0.5) == 1
+    assert cores.thread_count(2, cores=2, others_busy=1.0) == 1  # one `while True: pass` beside it
+    assert cores.thread_count(2, cores=2, others_busy=3.0) == 1  # never 0
+    assert cores.thread_count(4, cores=8, others_busy=5.0) == 3
+    assert cores.thread_count(1, cores=8, others_busy=0.0) == 1  # never more than asked
 
 
 @pytest.mark.parametrize("total,members", [(2, 2), (2, 1), (8, 3), (16, 4), (3, 2)])

@@ -26,7 +26,7 @@ def budget_cores() -> int:
 
 def thread_budget(threads: int) -> int:
     """``threads``, capped by this process's cores and by the cores the last load reading left free."""
-    return cores.torch_threads(threads, budget_cores(), _state["others"])
+    return cores.thread_count(threads, budget_cores(), _state["others"])
 
 
 def follow_load(meter: cores.LoadMeter) -> dict[str, float]:
