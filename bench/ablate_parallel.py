@@ -3,8 +3,8 @@
     nice -n 10 .venv/bin/python bench/ablate_parallel.py --recipe alfworld --iterations 4 [--set key=value ...]
 
 Runs ``milegpo ablate --seeds 2 --no-ablations`` (the full method on seeds 0 and 1) twice, each time
-into a fresh store and MLflow store under ``ROOT/bench``, the cached base policy shared through
-``--runs-dir ROOT``: with ``--parallel 1`` (members one after the other, in the ablate process) and
+in a fresh run directory under ``ROOT/bench`` (store, MLflow, checkpoints: a run id of one would
+otherwise resume the other's checkpoint), ``ROOT/models`` (the cached base policy) linked in: with ``--parallel 1`` (members one after the other, in the ablate process) and
 with ``--parallel 2`` (two member processes, each given half the cores in ``MILEGPO_CORES``).
 Evaluations are cut to ``--eval-episodes`` tasks per split so that the figure is mostly training.
 Prints wall time of each and ratio = parallel / sequential (target <= 0.6 on an idle 2-core
@@ -27,9 +27,11 @@ RESULTS = HERE / "results" / "ablate_parallel.csv"
 
 
 def ablate(recipe: str, iterations: int, parallel: int, sets: list[str], root: Path, scratch: Path) -> float:
-    """Wall seconds of one ``milegpo ablate`` over 2 seeds into its own store."""
+    """Wall seconds of one ``milegpo ablate`` over 2 seeds in its own run directory (store, MLflow,
+    checkpoints), the cached models linked in from ``root``."""
+    (scratch / "models").symlink_to(root / "models", target_is_directory=True)
     cmd = [sys.executable, "-m", "milegpo_cli", "ablate", "--recipe", recipe, "--seeds", "2", "--no-ablations",
-           "--iterations", str(iterations), "--parallel", str(parallel), "--runs-dir", str(root),
+           "--iterations", str(iterations), "--parallel", str(parallel), "--runs-dir", str(scratch),
            "--db", f"sqlite:///{scratch / 'runs.db'}", "--mlflow-uri", f"sqlite:///{scratch / 'mlflow.db'}"]
     for s in sets:
         cmd += ["--set", s]
