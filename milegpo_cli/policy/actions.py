@@ -181,9 +181,12 @@ def tail_forward(decoder, ids: torch.Tensor, pos: torch.Tensor, bias: torch.Tens
         h = out[0] if isinstance(out, tuple) else out
     layer = decoder.layers[-1]
     attn = layer.self_attn
-    B, T, D = h.shape
+    B, T, _ = h.shape
     tail = (first[:, None] + torch.arange(width, device=h.device)[None, :]).clamp(max=T - 1)  # (B, Q)
-    pick = lambda x: x.gather(1, tail[:, :, None].expand(-1, -1, x.shape[-1]))  # noqa: E731
+
+    def pick(x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, Q, C) at the tail positions
+        return x.gather(1, tail[:, :, None].expand(-1, -1, x.shape[-1]))
+
     x = layer.input_layernorm(h)
     hd = attn.head_dim
     k = attn.k_proj(x).view(B, T, -1, hd).transpose(1, 2)
@@ -196,7 +199,8 @@ def tail_forward(decoder, ids: torch.Tensor, pos: torch.Tensor, bias: torch.Tens
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     mask = bias.gather(2, tail[:, None, :, None].expand(-1, bias.shape[1], -1, T))
     drop = float(getattr(attn, "attention_dropout", 0.0)) if attn.training else 0.0
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=attn.scaling)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop,
+                                       scale=getattr(attn, "scaling", hd ** -0.5))
     h = pick(h) + attn.o_proj(o.transpose(1, 2).reshape(B, width, -1))
     h = h + layer.mlp(layer.post_attention_layernorm(h))
     return decoder.norm(h)
