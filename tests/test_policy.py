@@ -264,3 +264,33 @@ def test_identical_prompts_are_scored_once_and_draw_their_own_actions(cache, mon
         assert s.action == ADMISSIBLE[s.sample.chosen] and abs(s.logp - float(dist[s.sample.chosen])) < 1e-5
     assert len({s.action for s in group[:6]}) > 1  # independent draws, not one action copied six times
     assert group[6].action in ADMISSIBLE[:4]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_last_layer_on_the_row_tails_equals_the_full_forward(cache, monkeypatch, lora):
+    """actions.tail_forward: the last layer only at the positions the candidates' log-probs read
+    gives the full forward's log-probs and gradients (two layers, grouped-query attention, LoRA)."""
+    from milegpo_cli.policy import actions
+
+    policy = Policy.from_config(make_cfg(tiny=dict(TINY, num_layers=2, num_heads=4, num_kv_heads=2), lora=lora),
+                                CORPUS, cache, "cpu")
+    assert actions.tail_layer_supported(policy.model.get_decoder())
+    with torch.no_grad():  # sharpen attention so that a wrong mask or position would show
+        for name, p in policy.model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")) or "lora_B" in name:
+                p.add_(torch.randn_like(p) * 0.3).mul_(3.0)
+    observations = [obs(10), obs(4, "You are in the middle of a room."), obs(1)]
+    histories = [[], [("You see a fridge 1.", "look"), ("Nothing happens.", "inventory")], [("a", "look")]]
+    prompts = [policy.encode(o, h, len(h)) for o, h in zip(observations, histories)]
+    cands = [[policy.candidate_ids(a) for a in o.admissible[:k]] for o, k in zip(observations, (6, 2, 4))]
+    out = {}
+    for tail in (False, True):
+        monkeypatch.setattr(actions, "TAIL_LAST_LAYER", tail)
+        policy.model.zero_grad()
+        seq = candidate_logprobs(policy.model.train(), prompts, cands, policy.pad_id)
+        flat = torch.cat(seq)
+        (flat * torch.linspace(-1.0, 1.0, len(flat))).sum().backward()
+        out[tail] = (torch.cat(seq).detach(), [p.grad.clone() for p in policy.model.parameters() if p.requires_grad])
+    assert torch.allclose(out[True][0], out[False][0], rtol=0.0, atol=1e-5)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6 * float(b.abs().max())) for a, b in zip(out[True][1], out[False][1]))
+    assert out[True][0].std() > 0.1  # the scores are not trivially equal

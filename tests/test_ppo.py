@@ -235,3 +235,28 @@ def test_length_sorted_micro_batches_give_the_whole_minibatch_update(cache, acce
         weights.append([p.detach().clone() for p in policy.model.parameters()])
     assert all(torch.allclose(a, b, rtol=0.0, atol=1e-5) for a, b in zip(*weights))
     assert any(not torch.equal(a, b) for a, b in zip(weights[0], policy_of(cache).model.parameters()))  # it moved
+
+
+@pytest.mark.parametrize("mode", ["score", "generate"])
+def test_reference_pass_scores_each_distinct_sample_once_sorted_by_length(cache, accelerator, mode, monkeypatch):
+    """The KL reference pass: the same log-probs as one sample at a time, each distinct sample
+    scored once, micro-batches in length order."""
+    policy = policy_of(cache, action_mode=mode)
+    histories = [[("You see a fridge 1.", "look")] * (i % 3) for i in range(6)]
+    torch.manual_seed(1)
+    samples = [a.sample for a in policy.act([obs(i % 4) for i in range(6)], histories, [len(h) for h in histories])]
+    samples = samples + samples[:3]  # duplicates, as the rollouts of a group at a shared state
+    updater = PPOUpdater(policy, dict(PPO, kl_coef=0.1, micro_batch_size=2), accelerator)
+    with torch.no_grad(), policy.reference() as ref:
+        one_by_one = [sample_logprobs(ref, [s], policy.pad_id)[0] for s in samples]
+    import milegpo_cli.trainer.ppo as ppo
+
+    seen = []
+    real = ppo.sample_logprobs
+    monkeypatch.setattr(ppo, "sample_logprobs", lambda m, chunk, pad: seen.append(chunk) or real(m, chunk, pad))
+    refs = updater.reference_logprobs(samples)
+    assert len(refs) == len(samples)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(refs, one_by_one))
+    scored = [s for chunk in seen for s in chunk]
+    assert len(scored) == len({ppo.sample_key(s) for s in samples}) < len(samples)
+    assert [s.num_tokens for s in scored] == sorted(s.num_tokens for s in scored)

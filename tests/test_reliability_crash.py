@@ -24,7 +24,7 @@ TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.n
         "base.enabled=false", "warmstart.enabled=false", "rollout.train_tasks=8",
         "env.webshop.num_products=300", "env.webshop.train_instructions=80", "env.webshop.eval_instructions=8",
         f"run.iterations={ITERATIONS}", "checkpoint.every=2", "checkpoint.keep=2", "eval.every=3", "run.seed=3"]
-TIMING = ("time", "per_s")
+TIMING = ("time", "per_s", "host_")
 KILL_TRIALS = int(os.environ.get("MILEGPO_KILL_TRIALS", "1"))
 
 

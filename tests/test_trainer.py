@@ -29,7 +29,7 @@ ENV = {
     "alfworld": ["env.max_steps=4", "env.alfworld.workers=0",  # games cached once for all tests
                  f"env.alfworld.data_dir={json.dumps(str(Path(__file__).resolve().parents[1] / 'runs' / 'alfworld'))}"],
 }
-TIMING = ("time", "per_s", "tokens_per_s")
+TIMING = ("time", "per_s", "host_", "tokens_per_s")
 
 
 def quiet() -> Console:

@@ -31,7 +31,7 @@ from milegpo_cli.credit.config import RECIPE_SETTINGS, canonical_drop
 from milegpo_cli.errors import RunNotFound
 from milegpo_cli.experiments.diagnostics import BASELINES, DEFAULT_ABLATIONS
 from milegpo_cli.experiments.runs import ExperimentError, dotted
-from milegpo_cli.trainer.threads import MAX_THREADS_ENV
+from milegpo_cli.cores import CORES_ENV, member_share, process_cores
 
 
 @dataclass(frozen=True)
@@ -292,8 +292,8 @@ def _supervise(store, queue: list[tuple[Member, int]], running: list, parallel: 
             log = open(log_dir / f"run{rid}.log", "ab")
             cmd = [sys.executable, "-m", "milegpo_cli", "train", "--resume", str(rid), "--db", store.url]
             # its own session: a Ctrl-C reaches this process only, and :func:`_stop` signals each member once;
-            # its share of the cores (trainer/threads.py)
-            env = {**os.environ, MAX_THREADS_ENV: str(max(1, (os.cpu_count() or 1) // parallel))}
+            # its share of this process's cores (milegpo_cli/cores.py)
+            env = {**os.environ, CORES_ENV: str(member_share(process_cores(), parallel))}
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
             running.append((m, rid, proc, log))
             console.print(f"started {m.label} (run {rid}), log {log.name}")

@@ -28,7 +28,7 @@ from typing import Sequence
 from sqlalchemy.engine import make_url
 
 from milegpo_cli.experiments.runs import ExperimentError
-from milegpo_cli.trainer.threads import MAX_THREADS_ENV
+from milegpo_cli.cores import CORES_ENV
 
 try:
     import ray
@@ -161,7 +161,7 @@ def train_members(store, todo: list, threads: int, options, console) -> list[str
     died is resubmitted (``train --resume``) up to ``RETRIES`` times; a ``train`` that failed is not."""
     task = ray.remote(_member).options(num_cpus=threads, num_gpus=options.gpus, max_retries=0)
     slots = capacity(threads, options.gpus)
-    env = {MAX_THREADS_ENV: str(threads), **{k: v for k, v in os.environ.items()
+    env = {CORES_ENV: str(threads), **{k: v for k, v in os.environ.items()
                                              if k in PASSED_ENV or k.startswith(PASSED_PREFIX)}}
     queue = [(m, rid, 1) for m, rid in todo]
     running: dict = {}

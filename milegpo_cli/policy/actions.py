@@ -136,14 +136,74 @@ def candidate_logprobs(model, prompts: Sequence[Sequence[int]], candidates: Sequ
     ids, pos, mask, row, src, tgt = pack_candidates(prompts, candidates, pad_id, device)
     dtype = next(model.parameters()).dtype
     bias = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
-    # the output head only where a candidate token is predicted (not on prompt and padding positions)
-    hidden = model.get_decoder()(input_ids=ids, attention_mask=bias, position_ids=pos, use_cache=False).last_hidden_state
-    logits = model.get_output_embeddings()(hidden[row, src])
+    decoder = model.get_decoder()
+    if TAIL_LAST_LAYER and tail_layer_supported(decoder):
+        # the last layer only where a candidate token is predicted: the tail of each row
+        first = torch.as_tensor([len(p) - 1 for p in prompts], device=device)
+        hidden = tail_forward(decoder, ids, pos, bias, first, max(sum(len(c) for c in cs) for cs in candidates) + 1)
+        logits = model.get_output_embeddings()(hidden[row, src - first[row]])
+    else:  # the output head only where a candidate token is predicted (not on prompt and padding positions)
+        hidden = decoder(input_ids=ids, attention_mask=bias, position_ids=pos, use_cache=False).last_hidden_state
+        logits = model.get_output_embeddings()(hidden[row, src])
     tok_logp = F.log_softmax(logits.float(), dim=-1).gather(-1, ids[row, tgt][:, None]).squeeze(-1)
     lengths = [len(c) for cs in candidates for c in cs]
     cand = torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.as_tensor(lengths, device=device))
     seq_logp = torch.zeros(len(lengths), dtype=tok_logp.dtype, device=device).index_add(0, cand, tok_logp)
     return list(seq_logp.split([len(cs) for cs in candidates]))
+
+
+TAIL_LAST_LAYER = True  # False: the last layer over whole rows (bench/train_speed.py's baseline)
+_TAIL_MODELS = ("qwen2", "llama")  # decoders whose layers :func:`tail_forward` reproduces
+
+
+def tail_layer_supported(decoder) -> bool:
+    cfg = getattr(decoder, "config", None)
+    return (getattr(cfg, "model_type", None) in _TAIL_MODELS and not getattr(cfg, "use_sliding_window", False)
+            and all(hasattr(decoder, a) for a in ("embed_tokens", "rotary_emb", "layers", "norm")))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def tail_forward(decoder, ids: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor, first: torch.Tensor,
+                 width: int) -> torch.Tensor:
+    """Final hidden states (B, width, D) of positions first[b] .. first[b] + width - 1 of each row: every
+    layer but the last over whole rows, the last one with queries at those positions only (keys and
+    values over the whole row), as Qwen2/Llama decoder layers compute them (pre-norm, rotary
+    q/k, grouped-query attention, residual, MLP). Position outputs of the last layer depend only on
+    their own query, so the result equals the full forward's at those positions."""
+    h = decoder.embed_tokens(ids)
+    cos, sin = decoder.rotary_emb(h, pos)
+    for layer in decoder.layers[:-1]:
+        out = layer(h, attention_mask=bias, position_ids=pos, position_embeddings=(cos, sin))
+        h = out[0] if isinstance(out, tuple) else out
+    layer = decoder.layers[-1]
+    attn = layer.self_attn
+    B, T, _ = h.shape
+    tail = (first[:, None] + torch.arange(width, device=h.device)[None, :]).clamp(max=T - 1)  # (B, Q)
+
+    def pick(x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, Q, C) at the tail positions
+        return x.gather(1, tail[:, :, None].expand(-1, -1, x.shape[-1]))
+
+    x = layer.input_layernorm(h)
+    hd = attn.head_dim
+    k = attn.k_proj(x).view(B, T, -1, hd).transpose(1, 2)
+    v = attn.v_proj(x).view(B, T, -1, hd).transpose(1, 2)
+    q = attn.q_proj(pick(x)).view(B, width, -1, hd).transpose(1, 2)
+    cq, sq = pick(cos)[:, None], pick(sin)[:, None]
+    q = q * cq + _rotate_half(q) * sq
+    k = k * cos[:, None] + _rotate_half(k) * sin[:, None]
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    mask = bias.gather(2, tail[:, None, :, None].expand(-1, bias.shape[1], -1, T))
+    drop = float(getattr(attn, "attention_dropout", 0.0)) if attn.training else 0.0
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop,
+                                       scale=getattr(attn, "scaling", hd ** -0.5))
+    h = pick(h) + attn.o_proj(o.transpose(1, 2).reshape(B, width, -1))
+    h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return decoder.norm(h)
 
 
 def token_logprobs(model, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],

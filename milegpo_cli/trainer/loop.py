@@ -46,7 +46,8 @@ from milegpo_cli.trainer.distributed import (broadcast_object, gather_iteration,
 from milegpo_cli.trainer.checkpoint import find_checkpoint, latest_checkpoint, save_checkpoint, set_rng_state
 from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe, episode_metrics, format_success, run_evaluation
 from milegpo_cli.trainer.rollout import INVALID_ACTION, Episode, RolloutStats, expert_walkthroughs, run_episodes
-from milegpo_cli.trainer.threads import set_threads, torch_threads
+from milegpo_cli.cores import LoadMeter
+from milegpo_cli.trainer.threads import fit_to_cores, follow_load, set_threads, torch_threads
 from milegpo_cli.trainer.task_pools import ppo_pool, warmstart_tasks
 
 
@@ -397,6 +398,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
         store.set_status(run_id, "running")
     plain = not console.is_terminal  # nohup, CI, a cluster job: one plain line per iteration
     log = partial(console.print, soft_wrap=True)
+    config, meter = fit_to_cores(config), LoadMeter()  # workers, lanes, threads: this process's cores
     suite = build_suite(config)
     G, N = config.rollout.groups, config.rollout.group_size
     venv = suite.make_vector_env(G * N, oracle=config.env.oracle if config.env.name == "alfworld"
@@ -429,7 +431,10 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
                                     status="")
             for it in range(start + 1, config.run.iterations + 1):
                 t0 = time.perf_counter()
+                load = follow_load(meter)  # torch threads drop to the cores other processes leave free
+                set_threads(config.run.threads)
                 res = train_iteration(config, policy, updater, venv, pool, suite, it)
+                res.metrics.update(load)
                 probes = probe.measure(policy)
                 for split, values in probes.items():
                     res.metrics.update({f"{k}_{split}": v for k, v in Probe.scalars(values).items()})
@@ -513,6 +518,7 @@ def evaluate(store, run_id: int | str, split: str, episodes: int, checkpoint: in
         raise ValueError(f"episodes: must be >= 1, got {episodes}")
     ckpt = find_checkpoint(checkpoint_root(config, rid), checkpoint)
     set_threads(config.run.threads)
+    config = fit_to_cores(config)
     suite = build_suite(config)
     venv = suite.make_vector_env(min(episodes, 32), oracle=True)
     try:

@@ -121,6 +121,13 @@ def old_logprobs(samples: Sequence, device) -> torch.Tensor:
     return torch.tensor([x for s in samples for x in s.old_logps], dtype=torch.float32, device=device)
 
 
+def sample_key(s) -> tuple:
+    """What a sample's log-probs depend on: equal keys, equal log-probs."""
+    if isinstance(s, ScoreSample):
+        return (tuple(s.prompt_ids), tuple(map(tuple, s.candidate_ids)), s.chosen, s.temperature, s.length_norm)
+    return (tuple(s.prompt_ids), tuple(s.response_ids), s.temperature)
+
+
 def num_loss_tokens(samples: Sequence) -> int:
     return len(samples) if isinstance(samples[0], ScoreSample) else sum(len(s.response_ids) for s in samples)
 
@@ -190,18 +197,26 @@ class PPOUpdater:
         self.updates = 0
 
     def reference_logprobs(self, samples: Sequence) -> list[torch.Tensor]:
-        """Per-sample reference log-probs (adapter disabled / frozen copy), computed once per update."""
-        out = []
+        """Per-sample reference log-probs (adapter disabled / frozen copy), computed once per update:
+        each distinct sample once (rollouts of a group share states), in micro-batches of similar
+        lengths (little padding)."""
+        keys = [sample_key(s) for s in samples]
+        first: dict = {}
+        for i, key in enumerate(keys):
+            first.setdefault(key, i)
+        order = sorted(first.values(), key=lambda i: samples[i].num_tokens)
+        by_key = {}
         with torch.no_grad(), self.policy.reference() as ref:
             was_training = ref.training
             ref.eval()
-            for i in range(0, len(samples), self.micro_batch_size):
-                chunk = samples[i:i + self.micro_batch_size]
+            for k in range(0, len(order), self.micro_batch_size):
+                idx = order[k:k + self.micro_batch_size]
                 with self.accelerator.autocast():
-                    logp, _, row = sample_logprobs(ref, chunk, self.policy.pad_id)
-                out.extend(logp.float().split(torch.bincount(row, minlength=len(chunk)).tolist()))
+                    logp, _, row = sample_logprobs(ref, [samples[i] for i in idx], self.policy.pad_id)
+                for i, lp in zip(idx, logp.float().split(torch.bincount(row, minlength=len(idx)).tolist())):
+                    by_key[keys[i]] = lp
             ref.train(was_training)
-        return out
+        return [by_key[key] for key in keys]
 
     def update(self, samples: Sequence[ScoreSample | GenerateSample], advantages: np.ndarray,
                sample_weights: np.ndarray | None = None) -> dict[str, float]:
