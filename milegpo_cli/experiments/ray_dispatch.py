@@ -162,7 +162,7 @@ def train_members(store, todo: list, threads: int, options, console) -> list[str
     task = ray.remote(_member).options(num_cpus=threads, num_gpus=options.gpus, max_retries=0)
     slots = capacity(threads, options.gpus)
     env = {CORES_ENV: str(threads), **{k: v for k, v in os.environ.items()
-                                             if k in PASSED_ENV or k.startswith(PASSED_PREFIX)}}
+                                       if k in PASSED_ENV or k.startswith(PASSED_PREFIX)}}
     queue = [(m, rid, 1) for m, rid in todo]
     running: dict = {}
     failed: list[str] = []
