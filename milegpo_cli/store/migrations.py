@@ -25,7 +25,14 @@ def _v1_to_v2(conn: Connection) -> None:
         conn.execute(text(f"ALTER TABLE candidates DROP COLUMN {col}_v1"))
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2}
+def _v2_to_v3(conn: Connection) -> None:
+    """``runs.lock_host`` / ``lock_pid`` / ``lock_heartbeat``: the trainer holding a run (store/locks.py)."""
+    conn.execute(text("ALTER TABLE runs ADD COLUMN lock_host VARCHAR(255)"))
+    conn.execute(text("ALTER TABLE runs ADD COLUMN lock_pid INTEGER"))
+    conn.execute(text("ALTER TABLE runs ADD COLUMN lock_heartbeat FLOAT"))
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 def upgrade(conn: Connection, version: int, target: int) -> None:
