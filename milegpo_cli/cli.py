@@ -172,6 +172,9 @@ def train(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, algo: AlgoOpt = N
         run = store.get_run(resume)
         resume_id, config = run["id"], reroot(Config.from_dict(run["config"]), command_root(runs_dir, db))
     _engine_data(config.store.root)
+    from milegpo_cli.store.tracking import probe_server
+
+    probe_server(mlflow_uri or config.store.mlflow_uri)  # in seconds, before the trainer loads (docs/reliability.md)
     train_fn = _engine("milegpo_cli.trainer.loop", "train")
     run_id = train_fn(config, store, mlflow_uri or config.store.mlflow_uri, resume_id, console)
     console.print(f"run {run_id} done  (milegpo runs show {run_id})")

@@ -23,8 +23,9 @@ import contextlib
 import fcntl
 import logging
 import math
-import os
 import numbers
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,7 @@ PARAM_MAX_CHARS = 6000
 PROBE_TIMEOUT_S = 5  # the first request to a tracking server, no retries
 SEND_TIMEOUT_S = 10  # a request during the run, no retries (the batch is kept and sent later)
 RETRY_S = 30.0  # while a server is down, seconds between attempts to send the kept batches
+GATEWAY_ERRORS = (502, 503, 504)
 
 
 class TrackingUnavailable(MilegpoError):
@@ -64,12 +66,45 @@ def _http_limits(uri: str, timeout_s: int) -> Iterator[None]:
         yield
     finally:
         for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _unavailable(uri: str, why: str) -> TrackingUnavailable:
+    return TrackingUnavailable(f"MLflow tracking server {uri} does not answer ({why}): start it, or run without "
+                               f"it: drop --mlflow-uri (and MILEGPO_MLFLOW_URI) to track in the run folder's own "
+                               f"MLflow store")
+
+
+def probe_server(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """TrackingUnavailable unless the tracking server at ``uri`` answers an HTTP request (any status)
+    within ``timeout_s``; a local store passes. Standard library only: the CLI asks before it loads
+    the trainer, so an unreachable server is reported in seconds."""
+    import urllib.error
+    import urllib.request
+
+    if not _is_server(uri):
+        return
+    try:
+        urllib.request.urlopen(f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/get-by-name?experiment_name="
+                               f"{EXPERIMENT}", timeout=timeout_s).close()
+    except urllib.error.HTTPError as err:
+        if err.code in GATEWAY_ERRORS:  # a proxy answered for a server that did not
+            raise _unavailable(uri, f"HTTP {err.code}") from None
+        return  # it answered (an error status is the tracker's business)
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        raise _unavailable(uri, _why(Exception(str(reason)))) from None
 
 
 def _unreachable(err: Exception) -> bool:
-    """A request that never got an answer (refused, timed out, connection dropped), as MLflow words it."""
-    return "API request to" in str(err) and "failed with" in str(err)
+    """A request that got no answer from the server (refused, timed out, dropped, a gateway error), as
+    MLflow words it."""
+    text = str(err)
+    return "API request to" in text and ("failed with exception" in text or "failed with timeout" in text
+                                         or any(f"error code {code} " in text for code in GATEWAY_ERRORS))
 
 
 def _why(err: Exception) -> str:
@@ -78,7 +113,8 @@ def _why(err: Exception) -> str:
                         ("timeout", "timed out"), ("Name or service not known", "unknown host")):
         if needle in text:
             return why
-    return type(err).__name__
+    code = re.search(r"error code (\d+)", text)
+    return f"HTTP {code.group(1)}" if code else type(err).__name__
 
 
 def _warn(line: str) -> None:
@@ -135,12 +171,9 @@ class Tracker:
                 self.experiment_id = found.experiment_id if found else self.client.create_experiment(
                     experiment, artifact_location=_artifact_root(tracking_uri))
         except MlflowException as err:
-            if not _unreachable(err):
+            if "API request to" not in str(err):  # no server, or one that is no MLflow server
                 raise
-            raise TrackingUnavailable(
-                f"MLflow tracking server {tracking_uri} does not answer ({_why(err)}): start it, or run without "
-                f"it: drop --mlflow-uri (and MILEGPO_MLFLOW_URI) to track in the run folder's own MLflow "
-                f"store") from None
+            raise _unavailable(tracking_uri, _why(err)) from None
         self.run_id: str | None = None
         self._logged: dict[str, set[int]] = {}  # metric -> steps the run held when resumed
         self._pending: list[tuple[int, list]] = []  # (step, metrics) not yet sent (module docstring)
