@@ -167,3 +167,38 @@ def lock_of(root: Path) -> tuple:
         return con.execute("SELECT status, lock_pid FROM runs WHERE id = 1").fetchone()
     finally:
         con.close()
+
+
+def assert_full_disk_is_one_line(res: subprocess.CompletedProcess, root: Path) -> None:
+    line = one_error_line(res, "checkpoint of iteration 1: no space left on the device of",
+                          "the store and the earlier checkpoints are intact", "milegpo train --resume 1")
+    assert "Traceback" not in res.stdout + res.stderr, line
+    assert not list((root / "checkpoints" / "run_1").glob(".tmp-*"))  # the partial checkpoint is removed
+    con = sqlite3.connect(root / "milegpo.db")
+    assert con.execute("SELECT status FROM runs WHERE id = 1").fetchone() == ("failed",)
+    assert con.execute("SELECT iteration FROM iterations").fetchall() == [(1,)]  # stored before its checkpoint
+    con.close()
+
+
+@pytest.mark.slow
+def test_full_disk_while_writing_a_checkpoint_is_one_line(tmp_path, models_dir):  # noqa: F811
+    """A real full file system: a 64 KiB tmpfs mounted on the run's checkpoint folder (root only)."""
+    root = new_root(tmp_path, "runs", models_dir)
+    folder = root / "checkpoints" / "run_1"
+    folder.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        res = milegpo([*train_args(root), *SHORT], tmp_path)
+        assert_full_disk_is_one_line(res, root)
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.mark.slow
+def test_enospc_from_the_fault_hook_is_one_line(tmp_path, models_dir):  # noqa: F811
+    """The same without root: ``OSError(ENOSPC)`` raised while the checkpoint is written."""
+    root = new_root(tmp_path, "runs", models_dir)
+    res = milegpo([*train_args(root), *SHORT], tmp_path, fault="checkpoint.write:1:enospc")
+    assert_full_disk_is_one_line(res, root)
