@@ -41,10 +41,10 @@ from envs.faults import fault_point
 from milegpo_cli.config import Config
 from milegpo_cli.credit import Rollout, RolloutBatch, compute_advantages
 from milegpo_cli.credit.config import canonical_drop
+from milegpo_cli.run_folder import relative_to_folder, reroot, resume_command
 from milegpo_cli.store.records import CandidateRecord, EpisodeRecord, StepRecord
 from milegpo_cli.trainer.distributed import (gather_iteration, group_offset, rank_parts, shard,
                                              world_size)
-from milegpo_cli.run_folder import relative_to_folder, reroot
 from milegpo_cli.trainer.checkpoint import DiskFull, find_checkpoint, save_checkpoint, set_rng_state
 from milegpo_cli.trainer.resume import checkpoint_root, load_resume, open_run, stopped
 from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe, episode_metrics, format_success, run_evaluation
@@ -463,7 +463,7 @@ def write_checkpoint(config: Config, store, run_id: int, iteration: int, policy,
                                {"sampler": {"pool": config.rollout.train_tasks, "seed": config.run.seed,
                                             "draw": "derive_seed(seed, 'tasks', iteration)"}}, keep=config.checkpoint.keep)
     except DiskFull as err:
-        raise DiskFull(f"{err}: {stopped(run_id, config, store).command}") from None
+        raise DiskFull(f"{err}: {resume_command(run_id, config.store.root, store.url)}") from None
     store.record_checkpoint(run_id, iteration, relative_to_folder(path, config.store.root), sha256_file(path / MANIFEST))
 
 
