@@ -137,3 +137,13 @@ def test_second_resume_of_a_run_in_training_is_refused(tmp_path, models_dir, bac
     assert first.wait(timeout=120) == 130
     assert store.get_run(1)["status"] == "killed" and lock_row(store) == (None, None)
     store.close()
+
+
+def test_lock_columns_are_added_to_an_older_store(store_url):
+    from test_store import write_v1_store
+
+    write_v1_store(store_url)  # schema 1 -> 2 -> 3 in place when opened
+    with RunStore(store_url) as store:
+        with RunLock(store, 1):
+            assert lock_row(store) == (socket.gethostname(), os.getpid())
+        assert store.get_run(1)["name"] == "old" and lock_row(store) == (None, None)
