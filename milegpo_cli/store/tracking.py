@@ -95,8 +95,8 @@ def probe_server(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
             raise _unavailable(uri, f"HTTP {err.code}") from None
         return  # it answered (an error status is the tracker's business)
     except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        raise _unavailable(uri, _why(Exception(str(reason)))) from None
+        reason = str(getattr(err, "reason", err))
+        raise _unavailable(uri, _why(reason, reason)) from None
 
 
 def _unreachable(err: Exception) -> bool:
@@ -107,14 +107,14 @@ def _unreachable(err: Exception) -> bool:
                                          or any(f"error code {code} " in text for code in GATEWAY_ERRORS))
 
 
-def _why(err: Exception) -> str:
-    text = str(err)
+def _why(text: str, otherwise: str) -> str:
+    """Why a request failed, in a few words (MLflow's and urllib's messages run over many lines)."""
     for needle, why in (("Connection refused", "connection refused"), ("timed out", "timed out"),
                         ("timeout", "timed out"), ("Name or service not known", "unknown host")):
         if needle in text:
             return why
     code = re.search(r"error code (\d+)", text)
-    return f"HTTP {code.group(1)}" if code else type(err).__name__
+    return f"HTTP {code.group(1)}" if code else otherwise
 
 
 def _warn(line: str) -> None:
@@ -173,7 +173,7 @@ class Tracker:
         except MlflowException as err:
             if "API request to" not in str(err):  # no server, or one that is no MLflow server
                 raise
-            raise _unavailable(tracking_uri, _why(err)) from None
+            raise _unavailable(tracking_uri, _why(str(err), type(err).__name__)) from None
         self.run_id: str | None = None
         self._logged: dict[str, set[int]] = {}  # metric -> steps the run held when resumed
         self._pending: list[tuple[int, list]] = []  # (step, metrics) not yet sent (module docstring)
@@ -256,8 +256,9 @@ class Tracker:
             if not (_is_server(self.uri) and _unreachable(err)):
                 raise
             if not self._retry_at:
-                self.warn(f"MLflow tracking server {self.uri} does not answer ({_why(err)}); training goes on, "
-                          f"the store records everything, and metrics are sent to MLflow when it answers again")
+                why = _why(str(err), type(err).__name__)
+                self.warn(f"MLflow tracking server {self.uri} does not answer ({why}); training goes on, the store "
+                          f"records everything, and metrics are sent to MLflow when it answers again")
             self._retry_at = time.monotonic() + RETRY_S
             return
         if self._retry_at:
