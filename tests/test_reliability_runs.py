@@ -99,6 +99,10 @@ def test_moved_run_folder_resumes_and_keeps_every_row(tmp_path, killed_run):
     res = milegpo(["rollout", "--run", "1", "-n", "1", "--runs-dir", str(again)], tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert counts(again / "milegpo.db")["evaluations"] == after["evaluations"] + 1
+    kept = counts(again / "milegpo.db")
+    res = milegpo(["train", "--resume", "1", "--runs-dir", str(again)], tmp_path)  # MLflow: the folder's own
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert counts(again / "milegpo.db") == kept and not moved.exists()
 
 
 @pytest.mark.slow
