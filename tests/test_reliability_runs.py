@@ -157,12 +157,13 @@ def test_sigterm_prints_the_resume_command_and_logs_carry_no_progress_bars(tmp_p
     assert command[0] == "milegpo"
     proc = subprocess.Popen([str(SCRIPT), *command[1:]], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
-    while lock_of(root) != ("running", proc.pid):
-        assert proc.poll() is None and time.monotonic() < deadline + 120, proc.stderr.read()
+    deadline = time.monotonic() + 240
+    while lock_of(root) != ("running", proc.pid) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.5)
+    running = lock_of(root) == ("running", proc.pid)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 130
-    assert "run 1 stopped" in proc.stderr.read()
+    _, err = proc.communicate(timeout=120)
+    assert running and proc.returncode == 130 and "run 1 stopped" in err, err
 
 
 def lock_of(root: Path) -> tuple:
