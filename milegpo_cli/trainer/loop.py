@@ -376,12 +376,13 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
     run_id, tracker = opened.run_id, opened.tracker
     plain = not console.is_terminal  # nohup, CI, a cluster job: one plain line per iteration
     log = partial(console.print, soft_wrap=True)
-    suite = build_suite(config)
     G, N = config.rollout.groups, config.rollout.group_size
-    venv = suite.make_vector_env(G * N, oracle=config.env.oracle if config.env.name == "alfworld"
-                                 else config.env.oracle != "off")
-    eval_venv = suite.make_vector_env(min(config.eval.episodes, EVAL_ENVS), oracle=False)
-    try:
+    suite = venv = eval_venv = None
+    try:  # from here on a stop marks the run killed and releases its lock
+        suite = build_suite(config)
+        venv = suite.make_vector_env(G * N, oracle=config.env.oracle if config.env.name == "alfworld"
+                                     else config.env.oracle != "off")
+        eval_venv = suite.make_vector_env(min(config.eval.episodes, EVAL_ENVS), oracle=False)
         seed_everything(derive_seed(config.run.seed, "init"))
         pool = train_pool(config, suite)
         probe = Probe.collect(suite, config.eval.splits, config.eval.episodes, config.eval.probe_states,
@@ -440,9 +441,9 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
             raise stopped(run_id, config, store) from err
         raise
     finally:
-        venv.close()
-        eval_venv.close()
-        suite.close()
+        for opened_env in (venv, eval_venv, suite):
+            if opened_env is not None:
+                opened_env.close()
         if opened.lock is not None:
             opened.lock.release()
     if tracker is not None:  # main process

@@ -80,9 +80,12 @@ def open_run(config: Config, store, tracker_uri: str, run_id: int | None, ckpt: 
             if ckpt is None:  # a registered run (ablate) starts now: it trains wholly under this commit
                 store.set_git_commit(run_id, git_commit())
         store.set_status(run_id, "running")
-    except BaseException:
+    except BaseException as err:
+        stop = isinstance(err, KeyboardInterrupt)
         if new:
-            store.set_status(run_id, "failed")
+            store.set_status(run_id, "killed" if stop else "failed")
         lock.release()
+        if stop:
+            raise stopped(run_id, config, store) from err
         raise
     return OpenedRun(run_id, tracker, lock)
