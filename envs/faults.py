@@ -8,12 +8,14 @@ reaches ``point`` (every time from the N-th on with ``+``), ``fault_point(point)
     raise  raise :class:`InjectedFault`
     hang   sleep for an hour (a timeout must end it)
     flag   return True: the caller corrupts its own value (e.g. NaN advantages)
+    enospc raise ``OSError(ENOSPC)``: the disk is full
 
 Unset (the normal case) it costs one environment lookup. This module is in ``envs`` because envs is
 the lowest layer, so every layer may call it.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import signal
@@ -21,7 +23,7 @@ import time
 from collections import Counter
 
 ENV_VAR = "MILEGPO_FAULT"
-ACTIONS = ("kill", "raise", "hang", "flag")
+ACTIONS = ("kill", "raise", "hang", "flag", "enospc")
 HANG_S = 3600.0
 
 _hits: Counter[str] = Counter()
@@ -60,6 +62,8 @@ def fault_point(point: str) -> bool:
             os.kill(os.getpid(), signal.SIGKILL)
         if action == "raise":
             raise InjectedFault(f"injected fault at {point} (hit {n})")
+        if action == "enospc":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         if action == "hang":
             time.sleep(HANG_S)
         return True

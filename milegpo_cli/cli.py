@@ -21,8 +21,9 @@ from rich.console import Console
 
 from envs.base import EnvError
 from milegpo_cli.config import Config, credit_overrides, default_db_url, default_tracking_uri, load_config
-from milegpo_cli.errors import MilegpoError
+from milegpo_cli.errors import MilegpoError, RunStopped
 from milegpo_cli.relaunch import ensure_cpu_processes
+from milegpo_cli.run_folder import command_root, reroot
 
 app = typer.Typer(help="MileGPO / GiGPO / GRPO experiments on ALFWorld and WebShop: train, evaluate, "
                        "analyse; runs stored in SQLite and MLflow.",
@@ -42,14 +43,25 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
+_opened_stores: list = []  # closed when the command ends: a SQLite store's WAL is folded into its file
+
+
 def _command(fn: Callable) -> Callable:
-    """User errors -> one red line on stderr, exit 2."""
+    """User errors -> one red line on stderr, exit 2; a stopped run -> one line with the command that
+    resumes it, exit 130. The stores the command opened are closed at its end (RunStore.close)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except (MilegpoError, EnvError) as err:
             raise _fail(str(err) or type(err).__name__, 2) from None
+        except RunStopped as err:
+            typer.secho(f"run {err.run_id} stopped (marked killed); resume it with: {err.command}", fg="yellow",
+                        err=True)
+            raise typer.Exit(130) from None
+        finally:
+            while _opened_stores:
+                _opened_stores.pop().close()
     return wrapper
 
 
@@ -120,7 +132,9 @@ def _store(db: str | None, runs_dir: Path | None, *, create: bool = False, reade
     a ``reader`` opens a store it cannot write read-only (store/repo.py)."""
     from milegpo_cli.store import RunStore
 
-    return RunStore(db or default_db_url(runs_dir or "runs"), create=create, reader=reader)
+    store = RunStore(db or default_db_url(runs_dir or "runs"), create=create, reader=reader)
+    _opened_stores.append(store)
+    return store
 
 
 def _runs_folder(config: Config) -> None:
@@ -163,11 +177,14 @@ def train(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, algo: AlgoOpt = N
         config = _config(recipe, sets, algo, seed, model, iterations, drop, db, mlflow_uri, runs_dir)
         _runs_folder(config)
         store, resume_id = _store(config.store.db, runs_dir, create=True), None
-    else:
+    else:  # the stored config, in the run folder in use (the folder may have been moved: run_folder.py)
         store = _store(db, runs_dir)
         run = store.get_run(resume)
-        resume_id, config = run["id"], Config.from_dict(run["config"])
+        resume_id, config = run["id"], reroot(Config.from_dict(run["config"]), command_root(runs_dir, db))
     _engine_data(config.store.root)
+    from milegpo_cli.store.tracking import probe_server
+
+    probe_server(mlflow_uri or config.store.mlflow_uri)  # in seconds, before the trainer loads (docs/reliability.md)
     train_fn = _engine("milegpo_cli.trainer.loop", "train")
     run_id = train_fn(config, store, mlflow_uri or config.store.mlflow_uri, resume_id, console)
     console.print(f"run {run_id} done  (milegpo runs show {run_id})")
@@ -190,9 +207,10 @@ def rollout(run: Annotated[str, typer.Option("--run", metavar="RUN", help="Run i
         from milegpo_cli.outputs import OutputFile
 
         OutputFile(record, "--record", {"the store": store.file})
-    _engine_data(Config.from_dict(store.get_run(run)["config"]).store.root)
+    root = command_root(runs_dir, db)
+    _engine_data(reroot(Config.from_dict(store.get_run(run)["config"]), root).store.root)
     evaluate = _engine("milegpo_cli.trainer.loop", "evaluate")
-    evaluate(store, store.get_run(run)["id"], split, episodes, checkpoint, record, console)
+    evaluate(store, store.get_run(run)["id"], split, episodes, checkpoint, record, console, root=root)
 
 
 @app.command()
@@ -399,6 +417,20 @@ def runs_show(run: RunArg, as_json: JsonOpt = False, db: DbOpt = None, runs_dir:
         console.print(table)
 
 
+@runs_app.command("backup")
+@_command
+def runs_backup(dest: Annotated[Path, typer.Argument(metavar="DEST", hidden=True)], db: DbOpt = None,
+                runs_dir: RunsDirOpt = None) -> None:
+    """Copy the SQLite store to DEST, consistent even while runs write to it.
+
+    DEST: a new file. Uses SQLite's backup API; for PostgreSQL use pg_dump.
+    """
+    from milegpo_cli.store.backup import backup_sqlite
+
+    pages = backup_sqlite(db or default_db_url(runs_dir or "runs"), dest)
+    console.print(f"store copied to {dest} ({pages} pages)")
+
+
 @app.command()
 @_command
 def ui(host: Annotated[str, typer.Option("--host", metavar="HOST",
@@ -465,5 +497,7 @@ def _sigterm_as_interrupt(signum, frame) -> None:
 
 def main() -> None:
     ensure_cpu_processes()
+    if not sys.stderr.isatty():  # a log file gets no transformers / huggingface_hub progress bars
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     app()

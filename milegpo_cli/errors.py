@@ -19,3 +19,11 @@ class StoreError(MilegpoError):
 
 class RunNotFound(MilegpoError, LookupError):
     """A run id or name that the store does not hold."""
+
+
+class RunStopped(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped run ``run_id`` (marked killed); ``command`` resumes it."""
+
+    def __init__(self, run_id: int, command: str):
+        super().__init__(f"run {run_id} stopped")
+        self.run_id, self.command = run_id, command

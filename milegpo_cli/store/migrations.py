@@ -30,7 +30,14 @@ def _v2_to_v3(conn: Connection) -> None:
     conn.execute(text("ALTER TABLE episodes ADD COLUMN final_state TEXT"))
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
+def _v3_to_v4(conn: Connection) -> None:
+    """``runs.lock_host`` / ``lock_pid`` / ``lock_heartbeat``: the trainer holding a run (store/locks.py)."""
+    conn.execute(text("ALTER TABLE runs ADD COLUMN lock_host VARCHAR(255)"))
+    conn.execute(text("ALTER TABLE runs ADD COLUMN lock_pid INTEGER"))
+    conn.execute(text("ALTER TABLE runs ADD COLUMN lock_heartbeat FLOAT"))
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 
 def upgrade(conn: Connection, version: int, target: int) -> None:

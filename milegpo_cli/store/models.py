@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, SmallInteger, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 EVALUATION_PHASES = ("untrained", "warmstart", "train")
 
 
@@ -57,6 +57,9 @@ class Run(Base):
     experiment_id: Mapped[int | None] = mapped_column(ForeignKey("experiments.id"), index=True)
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
     versions: Mapped[dict[str, Any]] = mapped_column(default=dict)  # engine / library versions
+    lock_host: Mapped[str | None] = mapped_column(String(255))  # the trainer holding the run (store/locks.py)
+    lock_pid: Mapped[int | None] = mapped_column(Integer)
+    lock_heartbeat: Mapped[float | None] = mapped_column(Float)  # unix time of its last heartbeat
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now, onupdate=_now)
 

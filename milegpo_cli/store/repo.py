@@ -265,6 +265,15 @@ class RunStore:
         return make_url(self.url).render_as_string(hide_password=True)
 
     def close(self) -> None:
+        """Release the connections; a SQLite store's write-ahead log is first folded into the database
+        file (``wal_checkpoint(TRUNCATE)``), so that the file alone holds every committed row."""
+        if self.engine.dialect.name == "sqlite":
+            try:
+                with self.engine.connect() as conn:
+                    conn.exec_driver_sql("PRAGMA busy_timeout=2000")  # others writing: best effort
+                    conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            except OperationalError:
+                pass
         self.engine.dispose()
 
     def __enter__(self) -> RunStore:

@@ -9,6 +9,13 @@ Resume: a run resumed from the checkpoint of iteration k replays iterations k+1.
 process may already have logged. MLflow cannot delete a metric point, so a resumed tracker skips
 every (metric, step) the run already holds: each step appears once in MLflow as in the store (the
 first value logged; the replay logs the same values, the resume being exact, docs/reliability.md).
+
+A tracking server (``http(s)://``) is asked once, without retries, when the tracker opens: one that
+does not answer within :data:`PROBE_TIMEOUT_S` is a :class:`TrackingUnavailable` error before anything
+is stored. Once a run is under way, the server going away does not stop training (the store is the
+record): metric batches that cannot be sent are kept in memory, the console says so once, and they
+are sent in order, back-filling MLflow, at the first call at least :data:`RETRY_S` seconds later that
+finds the server back. Points still unsent when the run ends are reported in one warning.
 """
 from __future__ import annotations
 
@@ -16,19 +23,102 @@ import contextlib
 import fcntl
 import logging
 import math
-import os
 import numbers
+import os
+import re
+import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from milegpo_cli.config import flatten
+from milegpo_cli.errors import MilegpoError
 from milegpo_cli.interrupts import deferred_interrupts
 
 EXPERIMENT = "milegpo"
 PARAM_BATCH = 100  # MLflow's limit of params per log_batch
 METRIC_BATCH = 1000  # MLflow's limit of metrics per log_batch
 PARAM_MAX_CHARS = 6000
+PROBE_TIMEOUT_S = 5  # the first request to a tracking server, no retries
+SEND_TIMEOUT_S = 10  # a request during the run, no retries (the batch is kept and sent later)
+RETRY_S = 30.0  # while a server is down, seconds between attempts to send the kept batches
+GATEWAY_ERRORS = (502, 503, 504)
+
+
+class TrackingUnavailable(MilegpoError):
+    """The MLflow tracking server does not answer, or does not hold the run to resume."""
+
+
+def _is_server(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+@contextlib.contextmanager
+def _http_limits(uri: str, timeout_s: int) -> Iterator[None]:
+    """MLflow's REST client with no retries and a short timeout (its defaults retry for ~4 minutes)."""
+    if not _is_server(uri):
+        yield
+        return
+    keys = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(timeout_s)}
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update(keys)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _unavailable(uri: str, why: str) -> TrackingUnavailable:
+    return TrackingUnavailable(f"MLflow tracking server {uri} does not answer ({why}): start it, or run without "
+                               f"it: drop --mlflow-uri (and MILEGPO_MLFLOW_URI) to track in the run folder's own "
+                               f"MLflow store")
+
+
+def probe_server(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """TrackingUnavailable unless the tracking server at ``uri`` answers an HTTP request (any status)
+    within ``timeout_s``; a local store passes. Standard library only: the CLI asks before it loads
+    the trainer, so an unreachable server is reported in seconds."""
+    import urllib.error
+    import urllib.request
+
+    if not _is_server(uri):
+        return
+    try:
+        urllib.request.urlopen(f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/get-by-name?experiment_name="
+                               f"{EXPERIMENT}", timeout=timeout_s).close()
+    except urllib.error.HTTPError as err:
+        if err.code in GATEWAY_ERRORS:  # a proxy answered for a server that did not
+            raise _unavailable(uri, f"HTTP {err.code}") from None
+        return  # it answered (an error status is the tracker's business)
+    except (urllib.error.URLError, OSError) as err:
+        reason = str(getattr(err, "reason", err))
+        raise _unavailable(uri, _why(reason, reason)) from None
+
+
+def _unreachable(err: Exception) -> bool:
+    """A request that got no answer from the server (refused, timed out, dropped, a gateway error), as
+    MLflow words it."""
+    text = str(err)
+    return "API request to" in text and ("failed with exception" in text or "failed with timeout" in text
+                                         or any(f"error code {code} " in text for code in GATEWAY_ERRORS))
+
+
+def _why(text: str, otherwise: str) -> str:
+    """Why a request failed, in a few words (MLflow's and urllib's messages run over many lines)."""
+    for needle, why in (("Connection refused", "connection refused"), ("timed out", "timed out"),
+                        ("timeout", "timed out"), ("Name or service not known", "unknown host")):
+        if needle in text:
+            return why
+    code = re.search(r"error code (\d+)", text)
+    return f"HTTP {code.group(1)}" if code else otherwise
+
+
+def _warn(line: str) -> None:
+    sys.stderr.write(f"warning: {line}\n")
 
 
 def _artifact_root(tracking_uri: str) -> str | None:
@@ -67,19 +157,27 @@ def _creation_lock(tracking_uri: str):
 
 
 class Tracker:
-    def __init__(self, tracking_uri: str, experiment: str = EXPERIMENT):
+    def __init__(self, tracking_uri: str, experiment: str = EXPERIMENT, warn: Callable[[str], None] = _warn):
+        from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # silence the db-migration INFO lines
 
-        self.uri = tracking_uri
-        with deferred_interrupts(), _creation_lock(tracking_uri):
-            self.client = MlflowClient(tracking_uri)
-            found = self.client.get_experiment_by_name(experiment)
-            self.experiment_id = found.experiment_id if found else self.client.create_experiment(
-                experiment, artifact_location=_artifact_root(tracking_uri))
+        self.uri, self.warn = tracking_uri, warn
+        try:
+            with deferred_interrupts(), _creation_lock(tracking_uri), _http_limits(tracking_uri, PROBE_TIMEOUT_S):
+                self.client = MlflowClient(tracking_uri)
+                found = self.client.get_experiment_by_name(experiment)
+                self.experiment_id = found.experiment_id if found else self.client.create_experiment(
+                    experiment, artifact_location=_artifact_root(tracking_uri))
+        except MlflowException as err:
+            if "API request to" not in str(err):  # no server, or one that is no MLflow server
+                raise
+            raise _unavailable(tracking_uri, _why(str(err), type(err).__name__)) from None
         self.run_id: str | None = None
         self._logged: dict[str, set[int]] = {}  # metric -> steps the run held when resumed
+        self._pending: list[tuple[int, list]] = []  # (step, metrics) not yet sent (module docstring)
+        self._retry_at = 0.0
 
     @deferred_interrupts()
     def start_run(self, name: str, params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
@@ -99,7 +197,15 @@ class Tracker:
     def resume(self, run_id: str) -> str:
         """Continue an existing MLflow run (after a crash) and mark it running again; the steps it
         already holds are not logged again (module docstring)."""
-        run = self.client.get_run(run_id)  # raises if it does not exist
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException as err:
+            if _unreachable(err) or err.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            raise TrackingUnavailable(f"MLflow run {run_id} not found in {self.uri}: pass --mlflow-uri naming "
+                                      f"the MLflow store that holds it (nothing was changed)") from None
         self._logged = {k: {m.step for m in self.client.get_metric_history(run_id, k)} for k in run.data.metrics}
         self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
@@ -129,8 +235,35 @@ class Tracker:
         items = [Metric(k, float(v), now, step) for k, v in flatten(metrics).items()
                  if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
                  and step not in self._logged.get(k, ())]
-        for i in range(0, len(items), METRIC_BATCH):
-            self.client.log_batch(run_id, metrics=items[i:i + METRIC_BATCH])
+        if items:
+            self._pending.append((step, items))
+        self._send(run_id)
+
+    def _send(self, run_id: str, force: bool = False) -> None:
+        """Send the kept batches in order; a server that does not answer keeps them (module docstring)."""
+        from mlflow.exceptions import MlflowException
+
+        if not self._pending or (not force and time.monotonic() < self._retry_at):
+            return
+        try:
+            with _http_limits(self.uri, SEND_TIMEOUT_S):
+                while self._pending:
+                    items = self._pending[0][1]
+                    for i in range(0, len(items), METRIC_BATCH):
+                        self.client.log_batch(run_id, metrics=items[i:i + METRIC_BATCH])
+                    self._pending.pop(0)
+        except MlflowException as err:
+            if not (_is_server(self.uri) and _unreachable(err)):
+                raise
+            if not self._retry_at:
+                why = _why(str(err), type(err).__name__)
+                self.warn(f"MLflow tracking server {self.uri} does not answer ({why}); training goes on, the store "
+                          f"records everything, and metrics are sent to MLflow when it answers again")
+            self._retry_at = time.monotonic() + RETRY_S
+            return
+        if self._retry_at:
+            self.warn(f"MLflow tracking server {self.uri} answers again; the kept metrics were sent")
+        self._retry_at = 0.0
 
     @deferred_interrupts()
     def set_tags(self, tags: Mapping[str, Any]) -> None:
@@ -144,5 +277,22 @@ class Tracker:
 
     @deferred_interrupts()
     def end(self, status: str = "FINISHED") -> None:
-        """status: FINISHED, FAILED or KILLED."""
-        self.client.set_terminated(self._require_run(), status=status)
+        """status: FINISHED, FAILED or KILLED. With the server still away: one warning, no error (the
+        store holds every value)."""
+        from mlflow.exceptions import MlflowException
+
+        run_id = self._require_run()
+        self._send(run_id, force=True)
+        try:
+            if not self._pending:
+                with _http_limits(self.uri, SEND_TIMEOUT_S):
+                    self.client.set_terminated(run_id, status=status)
+                return
+        except MlflowException as err:
+            if not (_is_server(self.uri) and _unreachable(err)):
+                raise
+        steps = sorted({step for step, _ in self._pending})
+        self.warn(f"MLflow tracking server {self.uri} does not answer: MLflow run {run_id} misses "
+                  f"{sum(len(items) for _, items in self._pending)} metric points (steps {steps[0]}..{steps[-1]}) "
+                  f"and stays marked running; the store holds them all" if steps else
+                  f"MLflow tracking server {self.uri} does not answer: MLflow run {run_id} stays marked running")

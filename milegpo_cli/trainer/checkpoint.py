@@ -21,6 +21,7 @@ callable, say) is refused with :class:`CheckpointError`.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -52,6 +53,28 @@ _RNG_GLOBALS = [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 class CheckpointError(MilegpoError, RuntimeError):
     """A checkpoint is missing, incomplete, or fails its integrity check."""
+
+
+class DiskFull(CheckpointError):
+    """A checkpoint could not be written for lack of space; its temp folder is removed, the older
+    checkpoints and the store are untouched."""
+
+
+FULL_BYTES = 1 << 20  # a write that failed with less free space than this failed for lack of space
+
+
+def _out_of_space(err: BaseException, folder: Path) -> bool:
+    """Whether a failed write ran out of space. torch.save and safetensors do not raise OSError
+    (RuntimeError "unexpected pos", SafetensorError "os error 28"), so the free space decides too."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if "No space left on device" in str(err) or "os error 28" in str(err):
+        return True
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < FULL_BYTES
 
 
 @dataclass(frozen=True)
@@ -129,16 +152,24 @@ def save_checkpoint(root: str | Path, iteration: int, policy, trainer_state: dic
         shutil.rmtree(stale, ignore_errors=True)
     name = checkpoint_name(iteration)
     tmp = root / f".tmp-{name}-{os.getpid()}"
-    tmp.mkdir()
-    policy.save(tmp / "policy")
-    torch.save(trainer_state, tmp / "trainer.pt")
-    torch.save(rng_state(), tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps({**state, "iteration": iteration}, sort_keys=True))
-    fault_point("checkpoint.write")  # test-only: a kill before the manifest (envs/faults.py)
-    files = _files(tmp)
-    manifest = {"format": FORMAT, "iteration": iteration,
-                "files": {str(p.relative_to(tmp)): sha256_file(p) for p in files}}
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    try:
+        tmp.mkdir()
+        policy.save(tmp / "policy")
+        torch.save(trainer_state, tmp / "trainer.pt")
+        torch.save(rng_state(), tmp / "rng.pt")
+        (tmp / "state.json").write_text(json.dumps({**state, "iteration": iteration}, sort_keys=True))
+        fault_point("checkpoint.write")  # test-only: a kill before the manifest (envs/faults.py)
+        files = _files(tmp)
+        manifest = {"format": FORMAT, "iteration": iteration,
+                    "files": {str(p.relative_to(tmp)): sha256_file(p) for p in files}}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    except Exception as err:
+        full = _out_of_space(err, root)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise DiskFull(f"checkpoint of iteration {iteration}: no space left on the device of {root}; the "
+                           f"store and the earlier checkpoints are intact: free space, then resume") from None
+        raise
     for p in [*files, tmp / MANIFEST]:
         _fsync_path(p)
     for d in sorted({p.parent for p in files} | {tmp}, key=lambda d: -len(d.parts)):

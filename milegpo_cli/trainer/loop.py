@@ -14,7 +14,8 @@ uninterrupted run.
 
 Crash safety (issue 8): per iteration, rows are written in one store transaction before the
 checkpoint of that iteration; resuming deletes every row after the checkpoint's iteration, so the
-store holds each iteration exactly once.
+store holds each iteration exactly once. Resuming changes nothing before the checkpoint is verified,
+MLflow answers and the run is locked (trainer/resume.py); a run folder may have moved (run_folder.py).
 
 Under ``accelerate launch --num_processes K`` each process plays its own G groups (seeds derived from
 its rank), computes their credit and averages its gradients with the others; the main process gathers
@@ -40,10 +41,12 @@ from envs.faults import fault_point
 from milegpo_cli.config import Config
 from milegpo_cli.credit import Rollout, RolloutBatch, compute_advantages
 from milegpo_cli.credit.config import canonical_drop
+from milegpo_cli.run_folder import relative_to_folder, reroot, resume_command
 from milegpo_cli.store.records import CandidateRecord, EpisodeRecord, StepRecord
-from milegpo_cli.trainer.distributed import (broadcast_object, gather_iteration, group_offset, rank_parts, shard,
+from milegpo_cli.trainer.distributed import (gather_iteration, group_offset, rank_parts, shard,
                                              world_size)
-from milegpo_cli.trainer.checkpoint import find_checkpoint, latest_checkpoint, save_checkpoint, set_rng_state
+from milegpo_cli.trainer.checkpoint import DiskFull, find_checkpoint, save_checkpoint, set_rng_state
+from milegpo_cli.trainer.resume import checkpoint_root, load_resume, open_run, stopped
 from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe, episode_metrics, format_success, run_evaluation
 from milegpo_cli.trainer.rollout import INVALID_ACTION, Episode, RolloutStats, expert_walkthroughs, run_episodes
 from milegpo_cli.cores import LoadMeter
@@ -209,10 +212,6 @@ def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite
 
 # --- the run ------------------------------------------------------------------------------
 
-def checkpoint_root(config: Config, run_id: int) -> Path:
-    return Path(config.store.root) / "checkpoints" / f"run_{run_id}"
-
-
 def build_suite(config: Config):
     from envs.registry import make_suite
 
@@ -363,48 +362,31 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
     """Train (or resume) a run; returns its store id. See the module docstring for the guarantees."""
     from rich.console import Console
 
-    from milegpo_cli.store.tracking import Tracker
     from milegpo_cli.trainer.ppo import PPOUpdater
 
     console = console or Console()
-    ckpt = None
-    if resume_run is not None:
-        row = store.get_run(resume_run)
-        run_id, config = int(row["id"]), Config.from_dict(row["config"])
-        ckpt = latest_checkpoint(checkpoint_root(config, run_id))
+    run_id, ckpt = None, None
+    if resume_run is not None:  # the stored config, in the caller's run folder; checkpoint verified
+        run_id, config, ckpt = load_resume(store, resume_run, config.store.root)
     set_threads(config.run.threads)
     accelerator = make_accelerator(config)
     main = accelerator.is_main_process  # only the main process writes the store, MLflow and checkpoints
-    if resume_run is not None:
-        if main:
-            store.delete_after(run_id, ckpt.iteration if ckpt else -1)
-            if ckpt is None:  # a registered run (ablate) starts now: it trains wholly under this commit
-                store.set_git_commit(run_id, _git_commit())
-    else:
-        run_id = broadcast_object(store.create_run(
-            name=run_name(config), algo=config.run.algo, seed=config.run.seed, recipe=config.recipe,
-            config=config.to_dict(), drop=config.credit.drop, git_commit=_git_commit(), versions=_versions())
-            if main else None, accelerator)
-    tracker = Tracker(tracker_uri or config.store.mlflow_uri) if main else None
-    mlflow_id = store.get_run(run_id).get("mlflow_run_id")
-    if tracker is not None:
-        if mlflow_id:
-            tracker.resume(mlflow_id)
-        else:
-            mlflow_id = tracker.start_run(run_name(config), params=config.to_dict(), tags={"milegpo.run_id": run_id,
-                                        **{f"version.{k}": v for k, v in (store.get_run(run_id)["versions"] or {}).items()}})
-            store.set_mlflow_run_id(run_id, mlflow_id)
-    if main:
-        store.set_status(run_id, "running")
+    opened = open_run(config, store, tracker_uri or config.store.mlflow_uri, run_id, ckpt, main, accelerator,
+                      run_name(config), lambda: store.create_run(
+                          name=run_name(config), algo=config.run.algo, seed=config.run.seed, recipe=config.recipe,
+                          config=config.to_dict(), drop=config.credit.drop, git_commit=_git_commit(),
+                          versions=_versions()), _git_commit)
+    run_id, tracker = opened.run_id, opened.tracker
     plain = not console.is_terminal  # nohup, CI, a cluster job: one plain line per iteration
     log = partial(console.print, soft_wrap=True)
     config, meter = fit_to_cores(config), LoadMeter()  # workers, lanes, threads: this process's cores
-    suite = build_suite(config)
     G, N = config.rollout.groups, config.rollout.group_size
-    venv = suite.make_vector_env(G * N, oracle=config.env.oracle if config.env.name == "alfworld"
-                                 else config.env.oracle != "off")
-    eval_venv = suite.make_vector_env(min(config.eval.episodes, EVAL_ENVS), oracle=False)
-    try:
+    suite = venv = eval_venv = None
+    try:  # from here on a stop marks the run killed and releases its lock
+        suite = build_suite(config)
+        venv = suite.make_vector_env(G * N, oracle=config.env.oracle if config.env.name == "alfworld"
+                                     else config.env.oracle != "off")
+        eval_venv = suite.make_vector_env(min(config.eval.episodes, EVAL_ENVS), oracle=False)
         seed_everything(derive_seed(config.run.seed, "init"))
         pool = train_pool(config, suite)
         probe = Probe.collect(suite, config.eval.splits, config.eval.episodes, config.eval.probe_states,
@@ -462,11 +444,15 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
             store.set_status(run_id, "killed" if isinstance(err, KeyboardInterrupt) else "failed")
         if tracker is not None:
             tracker.end("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+        if isinstance(err, KeyboardInterrupt):
+            raise stopped(run_id, config, store) from err
         raise
     finally:
-        venv.close()
-        eval_venv.close()
-        suite.close()
+        for opened_env in (venv, eval_venv, suite):
+            if opened_env is not None:
+                opened_env.close()
+        if opened.lock is not None:
+            opened.lock.release()
     if tracker is not None:  # main process
         store.set_status(run_id, "finished")
         tracker.end("FINISHED")
@@ -480,10 +466,13 @@ def write_checkpoint(config: Config, store, run_id: int, iteration: int, policy,
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         return
-    path = save_checkpoint(checkpoint_root(config, run_id), iteration, policy, updater.state_dict(),
-                           {"sampler": {"pool": config.rollout.train_tasks, "seed": config.run.seed,
-                                        "draw": "derive_seed(seed, 'tasks', iteration)"}}, keep=config.checkpoint.keep)
-    store.record_checkpoint(run_id, iteration, path, sha256_file(path / MANIFEST))
+    try:
+        path = save_checkpoint(checkpoint_root(config, run_id), iteration, policy, updater.state_dict(),
+                               {"sampler": {"pool": config.rollout.train_tasks, "seed": config.run.seed,
+                                            "draw": "derive_seed(seed, 'tasks', iteration)"}}, keep=config.checkpoint.keep)
+    except DiskFull as err:
+        raise DiskFull(f"{err}: {resume_command(run_id, config.store.root, store.url)}") from None
+    store.record_checkpoint(run_id, iteration, relative_to_folder(path, config.store.root), sha256_file(path / MANIFEST))
 
 
 def print_summary(store, run_id: int, console, score: bool = False) -> None:
@@ -504,16 +493,17 @@ def print_summary(store, run_id: int, console, score: bool = False) -> None:
 # --- `milegpo rollout` ----------------------------------------------------------------------
 
 def evaluate(store, run_id: int | str, split: str, episodes: int, checkpoint: int | None = None,
-             record_path: str | Path | None = None, console=None) -> dict[str, float]:
+             record_path: str | Path | None = None, console=None, root: str | Path | None = None) -> dict[str, float]:
     """Evaluate a stored run's checkpoint on ``episodes`` fixed tasks of ``split``; store the
-    evaluation; with ``record_path`` write the rollouts in the interchange format (docs/rollouts.md)."""
+    evaluation; with ``record_path`` write the rollouts in the interchange format (docs/rollouts.md).
+    ``root``: the run folder in use (run_folder.py), None: the stored one."""
     from rich.console import Console
 
     from milegpo_cli.interchange import write_rollouts
 
     console = console or Console()
     row = store.get_run(run_id)
-    rid, config = int(row["id"]), Config.from_dict(row["config"])
+    rid, config = int(row["id"]), reroot(Config.from_dict(row["config"]), root)
     if episodes < 1:
         raise ValueError(f"episodes: must be >= 1, got {episodes}")
     ckpt = find_checkpoint(checkpoint_root(config, rid), checkpoint)
@@ -529,7 +519,7 @@ def evaluate(store, run_id: int | str, split: str, episodes: int, checkpoint: in
         venv.close()
         suite.close()
     store.record_evaluation(rid, split, metrics, [episode_record(e) for e in played], iteration=ckpt.iteration,
-                            checkpoint=str(ckpt.path), phase="train")
+                            checkpoint=relative_to_folder(ckpt.path, config.store.root), phase="train")
     if record_path is not None:
         write_rollouts(record_path, [replace(to_rollout(e), group=e.task.task_id, rollout_id=0) for e in played])
     console.print(f"run {rid} checkpoint {ckpt.iteration}: {split} success {metrics['success_rate']:.3f} "

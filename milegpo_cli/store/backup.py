@@ -1,0 +1,59 @@
+"""``milegpo runs backup DEST``: a consistent copy of a SQLite run store (SQLite's online backup API).
+
+The copy is taken page by page inside SQLite, so it is consistent even while trainers write to the
+store, and it holds what the write-ahead log holds too; it is written to a temporary file beside DEST
+and renamed into place, so DEST is either absent or complete.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from milegpo_cli.errors import StoreError
+
+
+def sqlite_path(url: str) -> Path:
+    """The file of a SQLite store URL (a bare path is one); StoreError for any other store."""
+    text = str(url)
+    if "://" not in text:
+        return Path(text)
+    try:
+        parsed = make_url(text)
+    except ArgumentError as err:
+        raise StoreError(f"store URL {text!r} is not valid ({err})") from None
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        raise StoreError(f"runs backup copies a SQLite store; {parsed.render_as_string(hide_password=True)} is "
+                         f"not one (for PostgreSQL use pg_dump)")
+    return Path(parsed.database)
+
+
+def backup_sqlite(url: str, dest: str | Path) -> int:
+    """Copy the store at ``url`` to the new file ``dest``; returns the number of pages copied."""
+    src_path, dest = sqlite_path(url), Path(dest)
+    if not src_path.is_file():
+        raise StoreError(f"no store at {src_path}")
+    if dest.exists():
+        raise StoreError(f"{dest} exists: give a new file")
+    if not dest.parent.is_dir():
+        raise StoreError(f"{dest.parent} is not a folder")
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    src = sqlite3.connect(f"{src_path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        out = sqlite3.connect(tmp)
+        try:
+            src.backup(out)
+            pages = out.execute("PRAGMA page_count").fetchone()[0]
+            out.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
+        finally:
+            out.close()
+        os.replace(tmp, dest)
+    except (sqlite3.Error, OSError) as err:
+        tmp.unlink(missing_ok=True)
+        raise StoreError(f"runs backup of {src_path} to {dest} failed: {err}") from None
+    finally:
+        src.close()
+    return pages

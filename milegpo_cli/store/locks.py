@@ -1,0 +1,111 @@
+"""One trainer per run: the run's row names the process training it (issue 35, docs/reliability.md).
+
+``train`` takes the lock of its run before it changes anything, and a second ``train --resume`` of the
+same run is refused with :class:`RunLocked` naming the holder (host, pid, age of its heartbeat). The
+holder writes a heartbeat every :data:`HEARTBEAT_S` seconds from a thread. A lock is stale, and taken
+over, when its heartbeat is older than :data:`STALE_S` seconds, or at once when its process is gone and
+it was taken on this host. The lock is taken in one write transaction (SQLite ``BEGIN IMMEDIATE``,
+PostgreSQL ``SELECT ... FOR UPDATE`` on the run's row), so of two trainers starting at once one wins.
+
+Lock writes bypass ``RunStore._write`` on purpose: they are no iteration data and do not count as
+``store.commit`` fault points (envs/faults.py), which the crash tests count.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from milegpo_cli.errors import RunNotFound, StoreError
+from milegpo_cli.interrupts import deferred_interrupts
+from milegpo_cli.store.models import Run
+
+HEARTBEAT_S = 30.0
+STALE_S = 120.0
+T = TypeVar("T")
+
+
+class RunLocked(StoreError):
+    """The run is being trained by another live process."""
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def holder_alive(host: str, pid: int, heartbeat: float, now: float) -> bool:
+    """A lock holds while its heartbeat is fresh and, on this host, its process lives."""
+    if now - heartbeat > STALE_S:
+        return False
+    return pid_alive(pid) if host == socket.gethostname() else True
+
+
+class RunLock:
+    """The lock of run ``run_id`` in ``store`` for this process (a context manager)."""
+
+    def __init__(self, store, run_id: int):
+        self.store, self.run_id = store, run_id
+        self.host, self.pid = socket.gethostname(), os.getpid()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _tx(self, fn: Callable[[Session], T]) -> T:
+        with Session(self.store.engine.execution_options(write=True)) as s, s.begin():
+            return fn(s)
+
+    @deferred_interrupts()
+    def acquire(self) -> RunLock:
+        """Take the lock (or raise RunLocked) and start the heartbeat."""
+        def fn(s: Session) -> None:
+            run = s.get(Run, self.run_id, with_for_update=True)
+            if run is None:
+                raise RunNotFound(f"run {self.run_id} not found in {self.store.display_url}")
+            now = time.time()
+            mine = (run.lock_host, run.lock_pid) == (self.host, self.pid)
+            if run.lock_pid is not None and not mine and holder_alive(run.lock_host, run.lock_pid,
+                                                                      run.lock_heartbeat or 0.0, now):
+                raise RunLocked(f"run {self.run_id} is being trained by pid {run.lock_pid} on host {run.lock_host} "
+                                f"(heartbeat {now - run.lock_heartbeat:.0f} s ago): wait for it to end, or stop "
+                                f"that process; a lock whose process is gone is taken over")
+            run.lock_host, run.lock_pid, run.lock_heartbeat = self.host, self.pid, now
+        self._tx(fn)
+        self._thread = threading.Thread(target=self._beat, name=f"run-{self.run_id}-lock", daemon=True)
+        self._thread.start()
+        return self
+
+    def _mine(self):
+        return update(Run).where(Run.id == self.run_id, Run.lock_host == self.host, Run.lock_pid == self.pid)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self._tx(lambda s: s.execute(self._mine().values(lock_heartbeat=time.time())))
+            except Exception:  # noqa: BLE001 - a missed beat is retried; a lock 4 beats old is stale
+                continue
+
+    @deferred_interrupts()
+    def release(self) -> None:
+        """Stop the heartbeat and clear the lock if this process still holds it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._tx(lambda s: s.execute(self._mine().values(lock_host=None, lock_pid=None, lock_heartbeat=None)))
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

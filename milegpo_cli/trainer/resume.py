@@ -1,0 +1,92 @@
+"""Starting or resuming a run without losing stored rows (issue 35, docs/reliability.md).
+
+Order of :func:`open_run`: the checkpoint to resume is found in the run folder in use and verified;
+the MLflow store is reached (a server that does not answer fails fast, before a run is created); the
+run is locked (store/locks.py); the MLflow run is started or found. Only then are the rows recorded
+after the resumed checkpoint deleted, so a failure at any earlier step leaves the store as it was.
+A checkpoint the store records but the folder lacks (a moved or copied folder opened with the wrong
+``--runs-dir``) is an error naming both, never a silent restart from iteration 0.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from milegpo_cli.config import Config
+from milegpo_cli.errors import RunStopped
+from milegpo_cli.run_folder import reroot, resume_command
+from milegpo_cli.store.locks import RunLock
+from milegpo_cli.trainer.checkpoint import Checkpoint, CheckpointError, latest_checkpoint
+from milegpo_cli.trainer.distributed import broadcast_object
+
+
+def checkpoint_root(config: Config, run_id: int) -> Path:
+    return Path(config.store.root) / "checkpoints" / f"run_{run_id}"
+
+
+def stopped(run_id: int, config: Config, store) -> RunStopped:
+    return RunStopped(run_id, resume_command(run_id, config.store.root, store.url))
+
+
+def checkpoint_to_resume(store, run_id: int, root: Path) -> Checkpoint | None:
+    """The newest complete checkpoint under ``root``, verified; None when the run has none yet.
+    CheckpointError when the store records a newer checkpoint than ``root`` holds."""
+    ckpt = latest_checkpoint(root)
+    recorded = store.latest_checkpoint(run_id)
+    if recorded is not None and (ckpt is None or ckpt.iteration < recorded["iteration"]):
+        have = "no checkpoint" if ckpt is None else f"only the checkpoint of iteration {ckpt.iteration}"
+        raise CheckpointError(f"run {run_id}: the store records the checkpoint of iteration {recorded['iteration']} "
+                              f"but {root} holds {have}: give the run's folder with --runs-dir (nothing was changed)")
+    return ckpt
+
+
+def load_resume(store, resume_run: int | str, root: str | Path) -> tuple[int, Config, Checkpoint | None]:
+    """(run id, its stored config re-rooted at ``root``, its verified checkpoint or None)."""
+    row = store.get_run(resume_run)
+    run_id, config = int(row["id"]), reroot(Config.from_dict(row["config"]), root)
+    return run_id, config, checkpoint_to_resume(store, run_id, checkpoint_root(config, run_id))
+
+
+@dataclass
+class OpenedRun:
+    run_id: int
+    tracker: object | None  # store.tracking.Tracker on the main process
+    lock: RunLock | None
+
+
+def open_run(config: Config, store, tracker_uri: str, run_id: int | None, ckpt: Checkpoint | None, main: bool,
+             accelerator, name: str, create: Callable[[], int], git_commit: Callable[[], str | None]) -> OpenedRun:
+    """Create (``run_id`` None) or resume a run, in the order of the module docstring; the run is then
+    ``running`` and locked by this process (main process only; other ranks get the id)."""
+    from milegpo_cli.store.tracking import Tracker
+
+    tracker = Tracker(tracker_uri) if main else None
+    new = run_id is None
+    if new:
+        run_id = broadcast_object(create() if main else None, accelerator)
+    if not main:
+        return OpenedRun(run_id, None, None)
+    lock = RunLock(store, run_id).acquire()
+    try:
+        mlflow_id = store.get_run(run_id).get("mlflow_run_id")
+        if mlflow_id:
+            tracker.resume(mlflow_id)
+        else:
+            versions = store.get_run(run_id)["versions"] or {}  # the stack a figure can be traced to
+            store.set_mlflow_run_id(run_id, tracker.start_run(name, params=config.to_dict(), tags={
+                "milegpo.run_id": run_id, **{f"version.{k}": v for k, v in versions.items()}}))
+        if not new:
+            store.delete_after(run_id, ckpt.iteration if ckpt else -1)
+            if ckpt is None:  # a registered run (ablate) starts now: it trains wholly under this commit
+                store.set_git_commit(run_id, git_commit())
+        store.set_status(run_id, "running")
+    except BaseException as err:
+        stop = isinstance(err, KeyboardInterrupt)
+        if new:
+            store.set_status(run_id, "killed" if stop else "failed")
+        lock.release()
+        if stop:
+            raise stopped(run_id, config, store) from err
+        raise
+    return OpenedRun(run_id, tracker, lock)
