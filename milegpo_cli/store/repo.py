@@ -94,11 +94,11 @@ def _writable(path: Path) -> bool:
 
 
 def _frozen(path: Path) -> bool:
-    """A WAL store in a folder nobody here can write, with no -shm and nothing in its -wal: SQLite
-    cannot create the -shm file a ``mode=ro`` reader needs, so it is read as immutable (no writer can
-    be at work: none could have created the -wal / -shm files)."""
+    """A WAL store with no -shm and nothing in its -wal: no writer is at work (a connected writer keeps
+    its -shm file), so a ``mode=ro`` reader opens it as immutable. Otherwise SQLite would create the
+    -shm / -wal files a reader needs, or fail where the folder is not writable: reading creates nothing."""
     wal, shm = (path.with_name(path.name + suffix) for suffix in ("-wal", "-shm"))
-    return not os.access(path.parent, os.W_OK) and not shm.exists() and (not wal.exists() or wal.stat().st_size == 0)
+    return not shm.exists() and (not wal.exists() or wal.stat().st_size == 0)
 
 
 def _read_only_uri(path: Path) -> str:
@@ -267,7 +267,7 @@ class RunStore:
     def close(self) -> None:
         """Release the connections; a SQLite store's write-ahead log is first folded into the database
         file (``wal_checkpoint(TRUNCATE)``), so that the file alone holds every committed row."""
-        if self.engine.dialect.name == "sqlite":
+        if self.engine.dialect.name == "sqlite" and not self.read_only:
             try:
                 with self.engine.connect() as conn:
                     conn.exec_driver_sql("PRAGMA busy_timeout=2000")  # others writing: best effort
