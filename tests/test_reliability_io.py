@@ -21,20 +21,13 @@ from typer.testing import CliRunner
 from milegpo_cli.cli import app
 from milegpo_cli.errors import StoreError
 from milegpo_cli.store import EpisodeRecord, RunStore
+from test_reliability_inputs import one_error_line
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]
 ROLLOUTS = [{"group": f"g{g}", "rollout": i, "outcome": float(i % 2),
              "steps": [{"state": f"s{t}", "action": f"a{(t + i) % 2}", "reward": float(i % 2) * (t == 2)}
                        for t in range(3)]} for g in range(2) for i in range(4)]
-
-
-def one_error_line(result) -> str:
-    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 def listing(folder: Path) -> dict[str, tuple[int, bytes | None]]:
