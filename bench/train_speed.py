@@ -40,12 +40,15 @@ busy, as the trainer measured it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import os
 import platform
 import random
 import resource
+import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -183,9 +186,19 @@ def contend_ratios(idle: dict, busy: dict) -> dict:
             for k in PARTS}
 
 
-def spinners(n: int) -> list[subprocess.Popen]:
-    """``n`` CPU-bound neighbour processes (``while True: pass``)."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+def spinners(n: int) -> list[int]:
+    """The pids of ``n`` CPU-bound neighbour processes (``while True: pass``), detached from this process
+    (re-parented to init), so that the trainer's load meter counts them as other processes, as it
+    would a user's notebook; a child of the bench would count as the trainer's own load."""
+    loop = f'{shlex.quote(sys.executable)} -c "while True: pass" </dev/null >/dev/null 2>&1 & echo $!; '
+    out = subprocess.run(["sh", "-c", loop * n], capture_output=True, text=True, check=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
+def stop(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def update_vs_plain(tr, results: dict) -> None:
@@ -291,9 +304,7 @@ def main(argv: list[str] | None = None) -> None:
                 update_vs_plain(tr, results)
             tr.close()
         finally:
-            for p in neighbours:
-                p.kill()
-                p.wait()
+            stop(neighbours)
         if name == "optimised" and not args.contend:  # the engine workers have exited: the largest one's peak, once per worker
             worker_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
             results["optimised"]["peak_rss_mb"] = rss_self + c.env.alfworld.workers * worker_mb
