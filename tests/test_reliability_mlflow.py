@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from milegpo_cli.store import RunStore  # noqa: E402
 from milegpo_cli.store import tracking  # noqa: E402
 from test_reliability_crash import milegpo, models_dir, new_root, train_args  # noqa: E402,F401 (fixture)
 from test_resume_mlflow import TINY  # noqa: E402
-from test_tracking_server import free_port  # noqa: E402
+from test_tracking_server import free_port, wait_healthy  # noqa: E402
 
 MLFLOW = Path(sys.executable).with_name("mlflow")
 
@@ -42,17 +41,7 @@ class Server:
                                       "--workers", "1", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
                                       "--artifacts-destination", str(self.root / "artifacts")],
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError((self.root / "server.log").read_text()[-3000:])
-            time.sleep(0.5)
+        wait_healthy(self.uri, self.proc, self.root / "server.log", 120)
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -35,6 +35,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(uri: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    """Until the `mlflow server` at ``uri`` answers /health with 200; RuntimeError with its log's tail if
+    it exits or ``timeout_s`` passes first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"mlflow server did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """`mlflow server` in its own process group, stopped with SIGTERM to the group."""
@@ -47,17 +63,7 @@ def mlflow_server(tmp_path_factory):
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not start:\n{(root / 'server.log').read_text()[-3000:]}")
-            time.sleep(0.5)
+        wait_healthy(uri, proc, root / "server.log", 90)
         yield uri, root
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
