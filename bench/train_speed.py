@@ -14,7 +14,7 @@ train` (the recipe's cached base policy when [base] is enabled, built first if m
   grammar shortcuts off (condition-parse memo, shallow context copies), a new engine per game and
   no logic memo, engines in-process without lanes (``env.alfworld.workers=0``,
   ``rollout.lanes=1``), one torch thread (``run.threads=1``), per-sample scoring in the update
-  (``ppo.micro_batch_size=1``) and the last layer over whole rows (``policy.actions.TAIL_LAST_LAYER``); optimised = the recipe; optimised_1thread = the recipe with
+  (``ppo.micro_batch_size=1``) and one block-masked forward over whole rows (``policy.actions.SPLIT_FORWARD``); optimised = the recipe; optimised_1thread = the recipe with
   ``run.threads=1`` (the update on one core: what the second torch thread adds);
 - rollout steps/s with the cache off (same policy, same tasks) to isolate the cache;
 - update vs plain: the PPOUpdater against a plain transformers forward/backward/AdamW loop over
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, sets in configs.items():
         fast = name != "baseline"
         engine.install_engine_caches(True, grammar=fast, reuse=fast)
-        actions.TAIL_LAST_LAYER = fast
+        actions.SPLIT_FORWARD = fast
         neighbours = spinners(args.contend) if name == "contended" else []
         try:
             tr = Trainer(args.recipe, [*args.sets, *sets], args.root)

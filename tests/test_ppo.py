@@ -260,3 +260,40 @@ def test_reference_pass_scores_each_distinct_sample_once_sorted_by_length(cache,
     scored = [s for chunk in seen for s in chunk]
     assert len(scored) == len({ppo.sample_key(s) for s in samples}) < len(samples)
     assert [s.num_tokens for s in scored] == sorted(s.num_tokens for s in scored)
+
+
+@pytest.mark.parametrize("mode", ["score", "generate"])
+def test_micro_batches_on_a_thread_pool_give_the_serial_update(cache, accelerator, mode, monkeypatch):
+    """With two torch threads the update runs a minibatch's micro-batches (and the reference pass)
+    on two pool threads of one intra-op thread each, summing their gradients in micro-batch order:
+    the weights and metrics of the serial update, and the same bits on every run."""
+    import threading
+
+    import milegpo_cli.trainer.ppo as ppo
+
+    histories = [[("You see a fridge 1.", "look")] * (i % 4) for i in range(8)]
+    threads_seen = set()
+    real = ppo.sample_logprobs
+    monkeypatch.setattr(ppo, "sample_logprobs",
+                        lambda m, chunk, pad: threads_seen.add(threading.current_thread().name) or real(m, chunk, pad))
+    runs = []
+    try:
+        for threads in (1, 2, 2):
+            torch.set_num_threads(threads)
+            policy = policy_of(cache, action_mode=mode)
+            torch.manual_seed(1)
+            samples = [a.sample for a in policy.act([obs(i) for i in range(8)], histories, [len(h) for h in histories])]
+            torch.manual_seed(2)
+            updater = PPOUpdater(policy, dict(PPO, kl_coef=0.1, micro_batch_size=1), accelerator)
+            assert ppo.pool_workers(accelerator, updater.model) == threads
+            m = updater.update(samples, np.linspace(-1, 1, 8))
+            runs.append(([p.detach().clone() for p in policy.model.parameters()], m))
+    finally:
+        torch.set_num_threads(1)
+    assert any(name.startswith("ppo-micro") for name in threads_seen) and "MainThread" in threads_seen
+    (serial, m1), (pooled, m2), (again, _) = runs
+    assert m1["optimizer_steps"] == m2["optimizer_steps"] == 4 and m1["tokens"] == m2["tokens"]
+    assert all(abs(m1[k] - m2[k]) < 1e-6 for k in ("approx_kl", "kl", "policy_loss", "entropy", "grad_norm"))
+    assert all(torch.allclose(a, b, rtol=0.0, atol=1e-6) for a, b in zip(serial, pooled))
+    assert all(torch.equal(a, b) for a, b in zip(pooled, again))  # deterministic: no race in the sums
+    assert any(not torch.equal(a, b) for a, b in zip(serial, policy_of(cache, action_mode=mode).model.parameters()))

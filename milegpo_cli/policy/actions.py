@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -123,42 +124,94 @@ def pack_candidates(prompts: Sequence[Sequence[int]], candidates: Sequence[Seque
     return ids.to(device), pos.to(device), mask.to(device), as_t(row), as_t(src), as_t(tgt)
 
 
+@dataclass
+class SplitRows:
+    """Prompts and candidates laid out for :func:`split_forward`: per row the prompt, right-padded to
+    the widest prompt P, then its candidates back to back, right-padded to the widest C."""
+
+    ids: torch.Tensor  # (B, P + C)
+    pos: torch.Tensor  # (B, P + C) position ids: 0.. over the prompt, restarting after it for every candidate
+    prompt_width: int  # P
+    cand_bias: torch.Tensor  # (B, 1, C, P + C) additive mask of the candidate-region queries
+    tail: torch.Tensor  # (B, 1 + C) the last layer's query positions: the last prompt token, the candidate region
+    tail_bias: torch.Tensor  # (B, 1, 1 + C, P + C) additive mask of those queries
+    row: torch.Tensor  # per candidate token (flat, in order): its row ...
+    src: torch.Tensor  # ... and the index in ``tail`` whose output predicts it
+    target: torch.Tensor  # its token id
+
+
+def pack_split(prompts: Sequence[Sequence[int]], candidates: Sequence[Sequence[Sequence[int]]], pad_id: int,
+               device, dtype: torch.dtype) -> SplitRows:
+    """The :class:`SplitRows` of ``prompts`` and their ``candidates``. A candidate token sees its
+    prompt (keys before the prompt's length) and its own earlier tokens; a padding query of the
+    candidate region sees the prompt and earlier padding (finite, unread)."""
+    B = len(prompts)
+    flat = [[t for c in cs for t in c] for cs in candidates]
+    lp, lc = np.array([len(p) for p in prompts]), np.array([len(f) for f in flat])
+    P, C = int(lp.max()), int(lc.max())
+    ids = np.full((B, P + C), pad_id, dtype=np.int64)
+    pos = np.zeros((B, P + C), dtype=np.int64)
+    cand = np.zeros((B, C), dtype=np.int64)  # candidate number (1..K) of each candidate-region token, 0: padding
+    src = []
+    for b, (p, cs) in enumerate(zip(prompts, candidates)):
+        lens = np.array([len(c) for c in cs])
+        within = np.arange(lc[b]) - np.repeat(np.cumsum(lens) - lens, lens)  # index of a token in its candidate
+        ids[b, :lp[b]], ids[b, P:P + lc[b]] = p, flat[b]
+        pos[b, :lp[b]], pos[b, P:P + lc[b]] = np.arange(lp[b]), lp[b] + within
+        cand[b, :lc[b]] = np.repeat(np.arange(1, len(cs) + 1), lens)
+        src.append(np.where(within == 0, 0, np.arange(lc[b])))  # tail index 0: the last prompt token; t: token t - 1
+    sees_prompt = torch.arange(P)[None, :] < torch.as_tensor(lp)[:, None]  # (B, P)
+    cand_t = torch.as_tensor(cand)
+    own = (cand_t[:, :, None] == cand_t[:, None, :]) & torch.ones((C, C), dtype=torch.bool).tril()
+    sees = torch.cat([sees_prompt[:, None, :].expand(B, C, P), own], dim=-1)
+    sees_tail = torch.cat([torch.cat([sees_prompt, torch.zeros((B, C), dtype=torch.bool)], -1)[:, None], sees], dim=1)
+
+    def bias(allowed: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None].to(device)
+
+    as_t = partial(torch.as_tensor, dtype=torch.long, device=device)
+    tail = np.concatenate([lp[:, None] - 1, P + np.broadcast_to(np.arange(C), (B, C))], axis=1)
+    return SplitRows(ids=as_t(ids), pos=as_t(pos), prompt_width=P, cand_bias=bias(sees), tail=as_t(tail),
+                     tail_bias=bias(sees_tail), row=as_t(np.repeat(np.arange(B), lc)), src=as_t(np.concatenate(src)),
+                     target=as_t([t for f in flat for t in f]))
+
+
 def candidate_logprobs(model, prompts: Sequence[Sequence[int]], candidates: Sequence[Sequence[Sequence[int]]],
                        pad_id: int = 0) -> list[torch.Tensor]:
     """Sequence log-probs log p(c | prompt_b) for every candidate c of every prompt b, in one forward
-    pass over the packed rows of :func:`pack_candidates` (block attention mask). Returns one tensor
-    (len(candidates[b]),) per prompt. Gradients flow when enabled."""
+    pass: :func:`split_forward` for Qwen2/Llama decoders, else one block-masked pass over the packed
+    rows of :func:`pack_candidates`. Returns one tensor (len(candidates[b]),) per prompt. Gradients
+    flow when enabled."""
     if len(prompts) != len(candidates):
         raise PolicyError(f"candidate_logprobs: {len(prompts)} prompts but {len(candidates)} candidate lists")
     if any(len(p) == 0 for p in prompts) or any(len(cs) == 0 for cs in candidates):
         raise PolicyError("candidate_logprobs: empty prompt or empty candidate list")
     device = model_device(model)
-    ids, pos, mask, row, src, tgt = pack_candidates(prompts, candidates, pad_id, device)
     dtype = next(model.parameters()).dtype
-    bias = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
     decoder = model.get_decoder()
-    if TAIL_LAST_LAYER and tail_layer_supported(decoder):
-        # the last layer only where a candidate token is predicted: the tail of each row
-        first = torch.as_tensor([len(p) - 1 for p in prompts], device=device)
-        hidden = tail_forward(decoder, ids, pos, bias, first, max(sum(len(c) for c in cs) for cs in candidates) + 1)
-        logits = model.get_output_embeddings()(hidden[row, src - first[row]])
+    if SPLIT_FORWARD and split_forward_supported(decoder):
+        rows = pack_split(prompts, candidates, pad_id, device, dtype)
+        logits = model.get_output_embeddings()(split_forward(decoder, rows)[rows.row, rows.src])
+        target = rows.target
     else:  # the output head only where a candidate token is predicted (not on prompt and padding positions)
+        ids, pos, mask, row, src, tgt = pack_candidates(prompts, candidates, pad_id, device)
+        bias = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
         hidden = decoder(input_ids=ids, attention_mask=bias, position_ids=pos, use_cache=False).last_hidden_state
-        logits = model.get_output_embeddings()(hidden[row, src])
-    tok_logp = F.log_softmax(logits.float(), dim=-1).gather(-1, ids[row, tgt][:, None]).squeeze(-1)
+        logits, target = model.get_output_embeddings()(hidden[row, src]), ids[row, tgt]
+    tok_logp = F.log_softmax(logits.float(), dim=-1).gather(-1, target[:, None]).squeeze(-1)
     lengths = [len(c) for cs in candidates for c in cs]
     cand = torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.as_tensor(lengths, device=device))
     seq_logp = torch.zeros(len(lengths), dtype=tok_logp.dtype, device=device).index_add(0, cand, tok_logp)
     return list(seq_logp.split([len(cs) for cs in candidates]))
 
 
-TAIL_LAST_LAYER = True  # False: the last layer over whole rows (bench/train_speed.py's baseline)
-_TAIL_MODELS = ("qwen2", "llama")  # decoders whose layers :func:`tail_forward` reproduces
+SPLIT_FORWARD = True  # False: one block-masked pass over whole rows (bench/train_speed.py's baseline)
+_SPLIT_MODELS = ("qwen2", "llama")  # decoders whose layers :func:`split_forward` reproduces
 
 
-def tail_layer_supported(decoder) -> bool:
+def split_forward_supported(decoder) -> bool:
     cfg = getattr(decoder, "config", None)
-    return (getattr(cfg, "model_type", None) in _TAIL_MODELS and not getattr(cfg, "use_sliding_window", False)
+    return (getattr(cfg, "model_type", None) in _SPLIT_MODELS and not getattr(cfg, "use_sliding_window", False)
             and all(hasattr(decoder, a) for a in ("embed_tokens", "rotary_emb", "layers", "norm")))
 
 
@@ -167,42 +220,52 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def tail_forward(decoder, ids: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor, first: torch.Tensor,
-                 width: int) -> torch.Tensor:
-    """Final hidden states (B, width, D) of positions first[b] .. first[b] + width - 1 of each row: every
-    layer but the last over whole rows, the last one with queries at those positions only (keys and
-    values over the whole row), as Qwen2/Llama decoder layers compute them (pre-norm, rotary
-    q/k, grouped-query attention, residual, MLP). Position outputs of the last layer depend only on
-    their own query, so the result equals the full forward's at those positions."""
-    h = decoder.embed_tokens(ids)
-    cos, sin = decoder.rotary_emb(h, pos)
-    for layer in decoder.layers[:-1]:
-        out = layer(h, attention_mask=bias, position_ids=pos, position_embeddings=(cos, sin))
-        h = out[0] if isinstance(out, tuple) else out
-    layer = decoder.layers[-1]
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+
+
+def _pick(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """(B, T, C) -> (B, Q, C) at positions ``index`` (B, Q)."""
+    return x.gather(1, index[:, :, None].expand(-1, -1, x.shape[-1]))
+
+
+def _split_layer(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: SplitRows, last: bool) -> torch.Tensor:
+    """One Qwen2/Llama decoder layer (pre-norm, rotary q/k, grouped-query attention, residual, MLP)
+    with the attention split in two: the prompt region causally (``is_causal``: no mask, the keys
+    after each query skipped), the candidate region against the whole row under ``cand_bias``. The
+    last layer computes queries, attention and MLP at ``rows.tail`` only."""
     attn = layer.self_attn
     B, T, _ = h.shape
-    tail = (first[:, None] + torch.arange(width, device=h.device)[None, :]).clamp(max=T - 1)  # (B, Q)
-
-    def pick(x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, Q, C) at the tail positions
-        return x.gather(1, tail[:, :, None].expand(-1, -1, x.shape[-1]))
-
-    x = layer.input_layernorm(h)
     hd = attn.head_dim
-    k = attn.k_proj(x).view(B, T, -1, hd).transpose(1, 2)
+    x = layer.input_layernorm(h)
+    k = _rope(attn.k_proj(x).view(B, T, -1, hd).transpose(1, 2), cos, sin)
     v = attn.v_proj(x).view(B, T, -1, hd).transpose(1, 2)
-    q = attn.q_proj(pick(x)).view(B, width, -1, hd).transpose(1, 2)
-    cq, sq = pick(cos)[:, None], pick(sin)[:, None]
-    q = q * cq + _rotate_half(q) * sq
-    k = k * cos[:, None] + _rotate_half(k) * sin[:, None]
+    if last:  # position outputs of the last layer depend only on their own query
+        x, h, cos, sin = (_pick(t, rows.tail) for t in (x, h, cos, sin))
+    q = _rope(attn.q_proj(x).view(B, x.shape[1], -1, hd).transpose(1, 2), cos, sin)
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    mask = bias.gather(2, tail[:, None, :, None].expand(-1, bias.shape[1], -1, T))
-    drop = float(getattr(attn, "attention_dropout", 0.0)) if attn.training else 0.0
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop,
-                                       scale=getattr(attn, "scaling", hd ** -0.5))
-    h = pick(h) + attn.o_proj(o.transpose(1, 2).reshape(B, width, -1))
-    h = h + layer.mlp(layer.post_attention_layernorm(h))
+    sdpa = partial(F.scaled_dot_product_attention, dropout_p=float(getattr(attn, "attention_dropout", 0.0)) if attn.training
+                   else 0.0, scale=getattr(attn, "scaling", hd ** -0.5))
+    if last:
+        o = sdpa(q, k, v, attn_mask=rows.tail_bias)
+    else:
+        P = rows.prompt_width
+        o = torch.cat([sdpa(q[:, :, :P], k[:, :, :P], v[:, :, :P], is_causal=True),
+                       sdpa(q[:, :, P:], k, v, attn_mask=rows.cand_bias)], dim=2)
+    h = h + attn.o_proj(o.transpose(1, 2).reshape(B, q.shape[2], -1))
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def split_forward(decoder, rows: SplitRows) -> torch.Tensor:
+    """Final hidden states (B, 1 + C, D) at ``rows.tail`` (each row's last prompt token, then its
+    candidate region), equal to the block-masked full forward's at those positions: a prompt token
+    sees only earlier prompt tokens (right padding comes after it), so the prompt region needs no
+    mask, and the last layer is needed only where a candidate token is predicted."""
+    h = decoder.embed_tokens(rows.ids)
+    cos, sin = decoder.rotary_emb(h, rows.pos)
+    for i, layer in enumerate(decoder.layers):
+        h = _split_layer(layer, h, cos, sin, rows, last=i == len(decoder.layers) - 1)
     return decoder.norm(h)
 
 
@@ -237,14 +300,21 @@ def candidate_distribution(seq_logp: torch.Tensor, temperature: float, lengths: 
 
 
 def score_sample_logprobs(model, samples: Sequence[ScoreSample], pad_id: int = 0):
-    """New log pi(chosen) and the candidate-softmax entropy per sample: tensors (len(samples),)."""
-    seq = candidate_logprobs(model, [s.prompt_ids for s in samples], [s.candidate_ids for s in samples], pad_id)
-    logps, entropies = [], []
-    for s, lp in zip(samples, seq):
-        dist = candidate_distribution(lp, s.temperature, [len(c) for c in s.candidate_ids] if s.length_norm else None)
-        logps.append(dist[s.chosen])
-        entropies.append(-(dist.exp() * dist).sum())
-    return torch.stack(logps), torch.stack(entropies)
+    """New log pi(chosen) and the candidate-softmax entropy per sample: tensors (len(samples),), the
+    distributions of :func:`candidate_distribution` for all samples at once (rows padded with -inf)."""
+    seq = torch.cat(candidate_logprobs(model, [s.prompt_ids for s in samples], [s.candidate_ids for s in samples], pad_id))
+    device, counts = seq.device, [len(s.candidate_ids) for s in samples]
+    if any(s.temperature <= 0 for s in samples):
+        raise PolicyError("temperature: must be > 0 for a score-mode distribution")
+    divisor = torch.as_tensor([(len(c) if s.length_norm else 1) * s.temperature for s in samples for c in s.candidate_ids],
+                              dtype=seq.dtype, device=device)
+    row = torch.repeat_interleave(torch.arange(len(samples), device=device), torch.as_tensor(counts, device=device))
+    col = torch.cat([torch.arange(n, device=device) for n in counts])
+    scores = torch.full((len(samples), max(counts)), float("-inf"), dtype=seq.dtype, device=device)
+    dist = F.log_softmax(scores.index_put((row, col), seq / divisor), dim=-1)
+    logps = dist[torch.arange(len(samples), device=device), torch.as_tensor([s.chosen for s in samples], device=device)]
+    entropies = -(dist.exp() * dist.masked_fill(dist == float("-inf"), 0.0)).sum(-1)
+    return logps, entropies
 
 
 def generate_sample_logprobs(model, samples: Sequence[GenerateSample], pad_id: int = 0, with_entropy: bool = True):

@@ -25,8 +25,12 @@ policy toward uniform at the full learning rate (measured: a GiGPO run whose PPO
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, Sequence
 
 import numpy as np
@@ -152,6 +156,53 @@ def token_weights(samples: Sequence, sample_weights: np.ndarray, loss_agg: str) 
     return out
 
 
+@dataclass
+class MicroBatch:
+    """A micro-batch's forward pass: its loss, stats and, when run in the pool, its gradients."""
+
+    loss: torch.Tensor
+    stats: dict[str, torch.Tensor]
+    n: int  # loss tokens
+    tokens: int  # model tokens
+    grads: list[torch.Tensor | None] | None = None
+
+
+def pool_workers(accelerator, model) -> int:
+    """Threads that run a minibatch's micro-batches at once, each with one intra-op torch thread:
+    torch's thread count (the trainer's budget: run.threads capped by the free cores) for a single
+    CPU process without mixed precision or dropout; else 1 (accelerate's backward and collectives
+    stay on the calling thread). Independent micro-batches keep a core busy between two joins, where
+    intra-op threads of the tiny model's small matrices wait for each other at every operation."""
+    cfg = getattr(model, "config", None)
+    if (accelerator.num_processes > 1 or accelerator.device.type != "cpu" or str(accelerator.mixed_precision) != "no"
+            or float(getattr(cfg, "attention_dropout", 0.0) or 0.0) > 0):
+        return 1
+    return max(1, torch.get_num_threads())
+
+
+@contextlib.contextmanager
+def micro_batch_pool(workers: int):
+    """A pool of ``workers`` threads, torch at one intra-op thread meanwhile (new threads take that
+    count); None for one worker (micro-batches run on the calling thread)."""
+    if workers <= 1:
+        yield None
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="ppo-micro") as pool:
+            yield pool
+    finally:
+        torch.set_num_threads(before)
+
+
+def add_grads(total: list[torch.Tensor | None] | None, grads: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """Gradient accumulation in micro-batch order (the same sums as ``backward`` into ``.grad``)."""
+    if total is None:
+        return list(grads)
+    return [g if t is None else t if g is None else t.add_(g) for t, g in zip(total, grads)]
+
+
 class PPOUpdater:
     """Epochs x minibatches of the dual-clip PPO loss through ``accelerate`` (device placement,
     mixed precision, DDP), AdamW, gradient clipping and a per-update LR schedule."""
@@ -196,27 +247,52 @@ class PPOUpdater:
                                   factor)
         self.updates = 0
 
-    def reference_logprobs(self, samples: Sequence) -> list[torch.Tensor]:
+    def reference_logprobs(self, samples: Sequence, pool: ThreadPoolExecutor | None = None) -> list[torch.Tensor]:
         """Per-sample reference log-probs (adapter disabled / frozen copy), computed once per update:
         each distinct sample once (rollouts of a group share states), in micro-batches of similar
-        lengths (little padding)."""
+        lengths (little padding), spread over ``pool``'s threads when given."""
         keys = [sample_key(s) for s in samples]
         first: dict = {}
         for i, key in enumerate(keys):
             first.setdefault(key, i)
         order = sorted(first.values(), key=lambda i: samples[i].num_tokens)
+        chunks = [order[k:k + self.micro_batch_size] for k in range(0, len(order), self.micro_batch_size)]
+
+        def score(ref, idx: list[int]) -> list[torch.Tensor]:
+            with torch.no_grad(), self.accelerator.autocast():  # grad mode and autocast are per thread
+                logp, _, row = sample_logprobs(ref, [samples[i] for i in idx], self.policy.pad_id)
+            return list(logp.float().split(torch.bincount(row, minlength=len(idx)).tolist()))
+
         by_key = {}
         with torch.no_grad(), self.policy.reference() as ref:
             was_training = ref.training
             ref.eval()
-            for k in range(0, len(order), self.micro_batch_size):
-                idx = order[k:k + self.micro_batch_size]
-                with self.accelerator.autocast():
-                    logp, _, row = sample_logprobs(ref, [samples[i] for i in idx], self.policy.pad_id)
-                for i, lp in zip(idx, logp.float().split(torch.bincount(row, minlength=len(idx)).tolist())):
-                    by_key[keys[i]] = lp
-            ref.train(was_training)
+            try:
+                scored = pool.map(partial(score, ref), chunks) if pool else map(partial(score, ref), chunks)
+                for idx, logps in zip(chunks, scored):
+                    by_key.update((keys[i], lp) for i, lp in zip(idx, logps))
+            finally:
+                ref.train(was_training)
         return [by_key[key] for key in keys]
+
+    def micro_batch(self, samples: Sequence, idx: list[int], refs, adv_t: torch.Tensor, tok_w: list[torch.Tensor],
+                    denom: float, with_grads: bool) -> MicroBatch:
+        """The loss of the steps ``idx`` (normalised by the minibatch's ``denom``); with ``with_grads``
+        also its gradients (``torch.autograd.grad``: nothing is accumulated into ``.grad``)."""
+        device = self.accelerator.device
+        chunk = [samples[j] for j in idx]
+        with self.accelerator.autocast():
+            new_logp, entropy, row = sample_logprobs(self.model, chunk, self.policy.pad_id)
+        new_logp, entropy = new_logp.float(), entropy.float()
+        ref = torch.cat([refs[j] for j in idx]).to(device) if refs is not None else None
+        loss, stats = ppo_loss(new_logp, old_logprobs(chunk, device), adv_t[torch.as_tensor(idx, device=device)][row],
+                               clip=self.clip, clip_c=self.clip_c, ref_logp=ref, kl_coef=self.kl_coef, entropy=entropy,
+                               entropy_coef=self.entropy_coef, norm=denom,
+                               weights=torch.cat([tok_w[j] for j in idx]).to(device))
+        grads = None
+        if with_grads and torch.isfinite(loss):
+            grads = list(torch.autograd.grad(loss, self.params, allow_unused=True))
+        return MicroBatch(loss, stats, new_logp.numel(), sum(s.num_tokens for s in chunk), grads)
 
     def update(self, samples: Sequence[ScoreSample | GenerateSample], advantages: np.ndarray,
                sample_weights: np.ndarray | None = None) -> dict[str, float]:
@@ -252,69 +328,71 @@ class PPOUpdater:
         device = self.accelerator.device
         adv_t = torch.as_tensor(adv, dtype=torch.float32, device=device)
         tok_w = token_weights(samples, weights, self.loss_agg)
-        refs = self.reference_logprobs(samples) if self.kl_coef > 0 else None
         sums: dict[str, float] = {}
         counted = 0
         grad_norms = []
         tokens = 0
         self.model.train()
         stop = False
-        for _ in range(self.epochs):
-            perm = torch.randperm(len(samples)).tolist()
-            for mb in minibatches(perm, self.minibatch_size, self.accelerator):
-                denom = float(sum(float(tok_w[j].sum()) for j in mb))
-                self.optimizer.zero_grad(set_to_none=True)
-                ok = True
-                mb_kl, mb_n = 0.0, 0
-                if self.micro_batch_size < len(mb):  # micro-batches of similar lengths: little padding
-                    mb = sorted(mb, key=lambda j: samples[j].num_tokens)
-                for k in range(0, len(mb), self.micro_batch_size):
-                    idx = mb[k:k + self.micro_batch_size]
-                    chunk = [samples[j] for j in idx]
-                    with self.accelerator.autocast():
-                        new_logp, entropy, row = sample_logprobs(self.model, chunk, self.policy.pad_id)
-                    new_logp, entropy = new_logp.float(), entropy.float()
-                    idx_t = torch.as_tensor(idx, device=device)
-                    ref = torch.cat([refs[j] for j in idx]).to(device) if refs is not None else None
-                    loss, stats = ppo_loss(new_logp, old_logprobs(chunk, device), adv_t[idx_t][row], clip=self.clip,
-                                           clip_c=self.clip_c, ref_logp=ref, kl_coef=self.kl_coef, entropy=entropy,
-                                           entropy_coef=self.entropy_coef, norm=denom,
-                                           weights=torch.cat([tok_w[j] for j in idx]).to(device))
-                    if fault_point("ppo.loss"):  # test-only: a non-finite loss (envs/faults.py)
-                        loss = loss * float("nan")
-                    if not torch.isfinite(loss):
-                        ok = False
+        with micro_batch_pool(pool_workers(self.accelerator, self.model)) as pool:
+            refs = self.reference_logprobs(samples, pool) if self.kl_coef > 0 else None
+            for _ in range(self.epochs):
+                perm = torch.randperm(len(samples)).tolist()
+                for mb in minibatches(perm, self.minibatch_size, self.accelerator):
+                    denom = float(sum(float(tok_w[j].sum()) for j in mb))
+                    self.optimizer.zero_grad(set_to_none=True)
+                    ok = True
+                    mb_kl, mb_n = 0.0, 0
+                    if self.micro_batch_size < len(mb):  # micro-batches of similar lengths: little padding
+                        mb = sorted(mb, key=lambda j: samples[j].num_tokens)
+                    chunks = [mb[k:k + self.micro_batch_size] for k in range(0, len(mb), self.micro_batch_size)]
+                    run = partial(self.micro_batch, samples, refs=refs, adv_t=adv_t, tok_w=tok_w, denom=denom,
+                                  with_grads=pool is not None)
+                    futures = {}
+                    for k in reversed(range(len(chunks)) if pool else []):  # the longest first: the threads finish together
+                        futures[k] = pool.submit(run, chunks[k])
+                    grads = None
+                    for k, idx in enumerate(chunks):
+                        m = futures[k].result() if pool else run(idx)
+                        if fault_point("ppo.loss") or not torch.isfinite(m.loss):  # fault: test-only (envs/faults.py)
+                            ok = False
+                            break
+                        mb_kl, mb_n = mb_kl + float(m.stats["approx_kl"]) * m.n, mb_n + m.n
+                        if self.target_kl > 0 and metrics["optimizer_steps"] > 0 and k == len(chunks) - 1 \
+                                and mb_kl / mb_n > 1.5 * self.target_kl:
+                            stop = True  # SB3: this minibatch has moved too far from the rollout policy
+                            break
+                        if pool:
+                            grads = add_grads(grads, m.grads)
+                        else:
+                            self.accelerator.backward(m.loss)
+                        for key, value in m.stats.items():
+                            sums[key] = sums.get(key, 0.0) + float(value) * m.n
+                        counted += m.n
+                        tokens += m.tokens
+                    wait(futures.values())  # no thread may still read the weights when the optimizer steps
+                    if grads is not None:
+                        for param, grad in zip(self.params, grads):
+                            param.grad = grad
+                    ok, stop = sync_gradients(self.params, ok, stop, self.accelerator)  # data parallel: average over ranks
+                    if stop:
+                        self.optimizer.zero_grad(set_to_none=True)
+                        metrics["early_stopped"] = 1.0
                         break
-                    n = new_logp.numel()
-                    mb_kl, mb_n = mb_kl + float(stats["approx_kl"]) * n, mb_n + n
-                    if self.target_kl > 0 and metrics["optimizer_steps"] > 0 and k + len(idx) >= len(mb) \
-                            and mb_kl / mb_n > 1.5 * self.target_kl:
-                        stop = True  # SB3: this minibatch has moved too far from the rollout policy
-                        break
-                    self.accelerator.backward(loss)
-                    for key, value in stats.items():
-                        sums[key] = sums.get(key, 0.0) + float(value) * n
-                    counted += n
-                    tokens += sum(s.num_tokens for s in chunk)
-                ok, stop = sync_gradients(self.params, ok, stop, self.accelerator)  # data parallel: average over ranks
+                    if ok:
+                        grad_norm = self.accelerator.clip_grad_norm_(self.params, self.max_grad_norm)
+                        ok = bool(torch.isfinite(grad_norm))
+                    if not ok:
+                        self.optimizer.zero_grad(set_to_none=True)
+                        metrics["skipped_steps"] += 1
+                        continue
+                    grad_norms.append(float(grad_norm))
+                    fault_point("ppo.step")  # test-only: a kill mid-update (envs/faults.py)
+                    self.optimizer.step()
+                    metrics["optimizer_steps"] += 1
+                    metrics["approx_kl_last"] = mb_kl / max(mb_n, 1)
                 if stop:
-                    self.optimizer.zero_grad(set_to_none=True)
-                    metrics["early_stopped"] = 1.0
                     break
-                if ok:
-                    grad_norm = self.accelerator.clip_grad_norm_(self.params, self.max_grad_norm)
-                    ok = bool(torch.isfinite(grad_norm))
-                if not ok:
-                    self.optimizer.zero_grad(set_to_none=True)
-                    metrics["skipped_steps"] += 1
-                    continue
-                grad_norms.append(float(grad_norm))
-                fault_point("ppo.step")  # test-only: a kill mid-update (envs/faults.py)
-                self.optimizer.step()
-                metrics["optimizer_steps"] += 1
-                metrics["approx_kl_last"] = mb_kl / max(mb_n, 1)
-            if stop:
-                break
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.updates += 1
