@@ -207,6 +207,7 @@ def candidate_logprobs(model, prompts: Sequence[Sequence[int]], candidates: Sequ
 
 SPLIT_FORWARD = True  # False: one block-masked pass over whole rows (bench/train_speed.py's baseline)
 _SPLIT_MODELS = ("qwen2", "llama")  # decoders whose layers :func:`split_forward` reproduces
+_SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)  # scaled_dot_product_attention(enable_gqa=)
 
 
 def split_forward_supported(decoder) -> bool:
@@ -243,10 +244,15 @@ def _split_layer(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, r
     if last:  # position outputs of the last layer depend only on their own query
         x, h, cos, sin = (_pick(t, rows.tail) for t in (x, h, cos, sin))
     q = _rope(attn.q_proj(x).view(B, x.shape[1], -1, hd).transpose(1, 2), cos, sin)
-    rep = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    gqa = {}
+    if q.shape[1] != k.shape[1]:  # grouped-query attention: each key/value head serves q / kv query heads
+        if _SDPA_GQA:
+            gqa = {"enable_gqa": True}
+        else:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     sdpa = partial(F.scaled_dot_product_attention, dropout_p=float(getattr(attn, "attention_dropout", 0.0)) if attn.training
-                   else 0.0, scale=getattr(attn, "scaling", hd ** -0.5))
+                   else 0.0, scale=getattr(attn, "scaling", hd ** -0.5), **gqa)
     if last:
         o = sdpa(q, k, v, attn_mask=rows.tail_bias)
     else:
