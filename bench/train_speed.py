@@ -144,7 +144,7 @@ class Trainer:
             self.policy = Policy.start_from(ensure_base_policy(c, self.suite, device), c.policy, device)
         else:
             self.policy = loop.build_policy(c, self.suite, device)
-        self.updater = PPOUpdater(self.policy, c.ppo, loop.make_accelerator(c), total_updates=100)
+        self.updater = PPOUpdater(self.policy, c.ppo, loop.make_accelerator(c), total_updates=100, threads=c.run.threads)
         self.pool = loop.train_pool(c, self.suite)
         (Path(root) / "bench").mkdir(parents=True, exist_ok=True)
         self.store = RunStore(Path(tempfile.mkdtemp(dir=Path(root) / "bench")) / "runs.db")
@@ -216,7 +216,8 @@ def update_vs_plain(tr, results: dict) -> None:
     samples = [s for e in eps if not e.errored for s in e.samples]
     adv = np.random.default_rng(0).standard_normal(len(samples))
     policy = tr.policy  # the trainer's last use
-    updater = PPOUpdater(policy, dataclasses.replace(c.ppo, target_kl=0.0), tr.updater.accelerator, total_updates=100)
+    updater = PPOUpdater(policy, dataclasses.replace(c.ppo, target_kl=0.0), tr.updater.accelerator, total_updates=100,
+                         threads=c.run.threads)
     trainer_tps, plain_tps = [], []
     for rep in range(2):
         torch.manual_seed(rep)

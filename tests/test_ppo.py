@@ -285,7 +285,7 @@ def test_micro_batches_on_a_thread_pool_give_the_serial_update(cache, accelerato
             samples = [a.sample for a in policy.act([obs(i) for i in range(8)], histories, [len(h) for h in histories])]
             torch.manual_seed(2)
             updater = PPOUpdater(policy, dict(PPO, kl_coef=0.1, micro_batch_size=1), accelerator)
-            assert ppo.pool_workers(accelerator, updater.model) == threads
+            assert ppo.pool_workers(accelerator, updater.model, None) == threads
             m = updater.update(samples, np.linspace(-1, 1, 8))
             runs.append(([p.detach().clone() for p in policy.model.parameters()], m))
     finally:
@@ -297,3 +297,19 @@ def test_micro_batches_on_a_thread_pool_give_the_serial_update(cache, accelerato
     assert all(torch.equal(a, b) for a, b in zip(serial, pooled))
     assert all(torch.equal(a, b) for a, b in zip(pooled, again))  # no race in the sums
     assert any(not torch.equal(a, b) for a, b in zip(serial, policy_of(cache, action_mode=mode).model.parameters()))
+
+
+def test_pool_threads_follow_the_process_cores_not_other_processes_load(cache, accelerator, monkeypatch):
+    """The update's pool threads: run.threads capped by the member share (MILEGPO_CORES) and the
+    affinity mask, not by torch's load-following intra-op count (one thread beside a busy neighbour)."""
+    import os
+
+    import milegpo_cli.trainer.ppo as ppo
+
+    updater = PPOUpdater(policy_of(cache), PPO, accelerator, threads=2)
+    assert torch.get_num_threads() == 1  # as the trainer sets it beside a CPU-bound neighbour
+    monkeypatch.setenv("MILEGPO_CORES", "1")
+    assert ppo.pool_workers(accelerator, updater.model, 2) == 1
+    monkeypatch.setenv("MILEGPO_CORES", "2")
+    assert ppo.pool_workers(accelerator, updater.model, 2) == min(2, len(os.sched_getaffinity(0)))
+    assert ppo.pool_workers(accelerator, updater.model, 1) == 1

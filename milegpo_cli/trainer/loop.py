@@ -403,7 +403,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
         else:
             policy = build_policy(config, suite, accelerator.device, ckpt.policy_dir)
             start = ckpt.iteration
-        updater = PPOUpdater(policy, config.ppo, accelerator, total_updates=config.run.iterations)
+        updater = PPOUpdater(policy, config.ppo, accelerator, total_updates=config.run.iterations, threads=config.run.threads)
         if ckpt is not None:
             updater.load_state_dict(ckpt.trainer_state)
             set_rng_state(ckpt.rng_state)

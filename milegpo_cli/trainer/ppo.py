@@ -38,6 +38,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from envs.faults import fault_point
+from milegpo_cli import cores
 from milegpo_cli.errors import MilegpoError
 from milegpo_cli.trainer.distributed import any_rank, minibatches, prepare, sync_gradients
 from milegpo_cli.policy.actions import (GenerateSample, ScoreSample, generate_sample_logprobs,
@@ -167,17 +168,20 @@ class MicroBatch:
     grads: list[torch.Tensor | None] | None = None
 
 
-def pool_workers(accelerator, model) -> int:
-    """Threads that run a minibatch's micro-batches at once, each with one intra-op torch thread:
-    torch's thread count (the trainer's budget: run.threads capped by the free cores) for a single
-    CPU process without mixed precision or dropout; else 1 (accelerate's backward and collectives
-    stay on the calling thread). Independent micro-batches keep a core busy between two joins, where
-    intra-op threads of the tiny model's small matrices wait for each other at every operation."""
+def pool_workers(accelerator, model, threads: int | None) -> int:
+    """Threads that run a minibatch's micro-batches at once, each with one intra-op torch thread, for a
+    single CPU process without mixed precision or dropout (else 1: accelerate's backward and
+    collectives stay on the calling thread): ``threads`` capped by the process's cores (affinity,
+    cgroup quota, ``ablate``'s member share) but not by other processes' load, or torch's thread
+    count when ``threads`` is None. Independent micro-batches keep a core busy between one join per
+    minibatch, where intra-op threads of the tiny model's small matrices wait for each other at every
+    operation; so a pool thread whose core is shared slows only its own micro-batch, and the second
+    thread still brings more than it costs (docs/performance.md)."""
     cfg = getattr(model, "config", None)
     if (accelerator.num_processes > 1 or accelerator.device.type != "cpu" or str(accelerator.mixed_precision) != "no"
             or float(getattr(cfg, "attention_dropout", 0.0) or 0.0) > 0):
         return 1
-    return max(1, torch.get_num_threads())
+    return max(1, min(threads, cores.process_cores()) if threads else torch.get_num_threads())
 
 
 @contextlib.contextmanager
@@ -207,7 +211,8 @@ class PPOUpdater:
     """Epochs x minibatches of the dual-clip PPO loss through ``accelerate`` (device placement,
     mixed precision, DDP), AdamW, gradient clipping and a per-update LR schedule."""
 
-    def __init__(self, policy, ppo_cfg: Any, accelerator=None, total_updates: int | None = None):
+    def __init__(self, policy, ppo_cfg: Any, accelerator=None, total_updates: int | None = None,
+                 threads: int | None = None):
         from accelerate import Accelerator
 
         self.policy = policy
@@ -246,6 +251,7 @@ class PPOUpdater:
         self.scheduler = LambdaLR(self.optimizer.optimizer if hasattr(self.optimizer, "optimizer") else self.optimizer,
                                   factor)
         self.updates = 0
+        self.threads = threads  # pool threads of an update (:func:`pool_workers`)
 
     def reference_logprobs(self, samples: Sequence, pool: ThreadPoolExecutor | None = None) -> list[torch.Tensor]:
         """Per-sample reference log-probs (adapter disabled / frozen copy), computed once per update:
@@ -334,7 +340,7 @@ class PPOUpdater:
         tokens = 0
         self.model.train()
         stop = False
-        with micro_batch_pool(pool_workers(self.accelerator, self.model)) as pool:
+        with micro_batch_pool(pool_workers(self.accelerator, self.model, self.threads)) as pool:
             refs = self.reference_logprobs(samples, pool) if self.kl_coef > 0 else None
             for _ in range(self.epochs):
                 perm = torch.randperm(len(samples)).tolist()
