@@ -300,6 +300,39 @@ class PPOUpdater:
             grads = list(torch.autograd.grad(loss, self.params, allow_unused=True))
         return MicroBatch(loss, stats, new_logp.numel(), sum(s.num_tokens for s in chunk), grads)
 
+    def minibatch_gradients(self, pool: ThreadPoolExecutor | None, run, chunks: list[list[int]], stoppable: bool,
+                            sums: dict[str, float]) -> tuple[bool, bool, float, int, int]:
+        """A minibatch's gradients in ``.grad``: its micro-batches ``chunks`` through ``run`` (on the pool's
+        threads, the longest first, gradients summed in micro-batch order; else here, with
+        ``accelerator.backward``), their stats added to ``sums``. Returns (ok: every loss finite, stop:
+        ``stoppable`` and approx_kl over 1.5 x target_kl (SB3's early stop: this minibatch has moved too
+        far from the rollout policy; decided before its last backward), its approx_kl, loss tokens and
+        model tokens accumulated)."""
+        futures = {k: pool.submit(run, chunks[k]) for k in reversed(range(len(chunks)))} if pool else {}
+        grads, kl, n, counted, tokens, ok, stop = None, 0.0, 0, 0, 0, True, False
+        try:
+            for k, idx in enumerate(chunks):
+                m = futures[k].result() if pool else run(idx)
+                if fault_point("ppo.loss") or not torch.isfinite(m.loss):  # fault: test-only (envs/faults.py)
+                    ok = False
+                    break
+                kl, n = kl + float(m.stats["approx_kl"]) * m.n, n + m.n
+                if stoppable and k == len(chunks) - 1 and kl / n > 1.5 * self.target_kl:
+                    stop = True
+                    break
+                if pool:
+                    grads = add_grads(grads, m.grads)
+                else:
+                    self.accelerator.backward(m.loss)
+                for key, value in m.stats.items():
+                    sums[key] = sums.get(key, 0.0) + float(value) * m.n
+                counted, tokens = counted + m.n, tokens + m.tokens
+        finally:
+            wait(futures.values())  # no thread may still read the weights when the optimizer steps
+        for param, grad in zip(self.params, grads or []):
+            param.grad = grad
+        return ok, stop, kl / max(n, 1), counted, tokens
+
     def update(self, samples: Sequence[ScoreSample | GenerateSample], advantages: np.ndarray,
                sample_weights: np.ndarray | None = None) -> dict[str, float]:
         """One PPO update on ``samples`` (one per step) with per-step ``advantages``; ``sample_weights``
@@ -347,39 +380,14 @@ class PPOUpdater:
                 for mb in minibatches(perm, self.minibatch_size, self.accelerator):
                     denom = float(sum(float(tok_w[j].sum()) for j in mb))
                     self.optimizer.zero_grad(set_to_none=True)
-                    ok = True
-                    mb_kl, mb_n = 0.0, 0
                     if self.micro_batch_size < len(mb):  # micro-batches of similar lengths: little padding
                         mb = sorted(mb, key=lambda j: samples[j].num_tokens)
-                    chunks = [mb[k:k + self.micro_batch_size] for k in range(0, len(mb), self.micro_batch_size)]
                     run = partial(self.micro_batch, samples, refs=refs, adv_t=adv_t, tok_w=tok_w, denom=denom,
                                   with_grads=pool is not None)
-                    futures = {}
-                    for k in reversed(range(len(chunks)) if pool else []):  # the longest first: the threads finish together
-                        futures[k] = pool.submit(run, chunks[k])
-                    grads = None
-                    for k, idx in enumerate(chunks):
-                        m = futures[k].result() if pool else run(idx)
-                        if fault_point("ppo.loss") or not torch.isfinite(m.loss):  # fault: test-only (envs/faults.py)
-                            ok = False
-                            break
-                        mb_kl, mb_n = mb_kl + float(m.stats["approx_kl"]) * m.n, mb_n + m.n
-                        if self.target_kl > 0 and metrics["optimizer_steps"] > 0 and k == len(chunks) - 1 \
-                                and mb_kl / mb_n > 1.5 * self.target_kl:
-                            stop = True  # SB3: this minibatch has moved too far from the rollout policy
-                            break
-                        if pool:
-                            grads = add_grads(grads, m.grads)
-                        else:
-                            self.accelerator.backward(m.loss)
-                        for key, value in m.stats.items():
-                            sums[key] = sums.get(key, 0.0) + float(value) * m.n
-                        counted += m.n
-                        tokens += m.tokens
-                    wait(futures.values())  # no thread may still read the weights when the optimizer steps
-                    if grads is not None:
-                        for param, grad in zip(self.params, grads):
-                            param.grad = grad
+                    ok, stop, approx_kl, n, mb_tokens = self.minibatch_gradients(
+                        pool, run, [mb[k:k + self.micro_batch_size] for k in range(0, len(mb), self.micro_batch_size)],
+                        self.target_kl > 0 and metrics["optimizer_steps"] > 0, sums)
+                    counted, tokens = counted + n, tokens + mb_tokens
                     ok, stop = sync_gradients(self.params, ok, stop, self.accelerator)  # data parallel: average over ranks
                     if stop:
                         self.optimizer.zero_grad(set_to_none=True)
@@ -396,7 +404,7 @@ class PPOUpdater:
                     fault_point("ppo.step")  # test-only: a kill mid-update (envs/faults.py)
                     self.optimizer.step()
                     metrics["optimizer_steps"] += 1
-                    metrics["approx_kl_last"] = mb_kl / max(mb_n, 1)
+                    metrics["approx_kl_last"] = approx_kl
                 if stop:
                     break
         self.optimizer.zero_grad(set_to_none=True)
