@@ -138,6 +138,39 @@ def test_second_resume_of_a_run_in_training_is_refused(tmp_path, models_dir, bac
     store.close()
 
 
+@pytest.mark.slow
+def test_a_postgresql_store_lost_in_training_is_one_line(tmp_path, models_dir, postgres_url):  # noqa: F811
+    from sqlalchemy import create_engine, make_url, text
+
+    root = new_root(tmp_path, "runs", models_dir)
+    store = RunStore(postgres_url)
+    env = {**os.environ, "MILEGPO_FAULT": "", "COLUMNS": "160"}
+    trainer = subprocess.Popen([str(SCRIPT), *train_args(root), "--db", postgres_url, "--set", "run.iterations=400"],
+                               cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not store.iterations(1):
+        assert trainer.poll() is None and time.monotonic() < deadline, trainer.stderr.read()
+        time.sleep(0.2)
+    store.close()
+    name = make_url(postgres_url).database
+    admin = create_engine(make_url(postgres_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:  # the database goes away under the trainer: no new connection, the open ones cut
+        conn.execute(text(f"ALTER DATABASE {name} WITH ALLOW_CONNECTIONS false"))
+        conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
+    try:
+        err = trainer.communicate(timeout=120)[1]
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"ALTER DATABASE {name} WITH ALLOW_CONNECTIONS true"))
+        admin.dispose()
+    assert trainer.returncode == 2, err
+    [line] = err.strip().splitlines()  # no traceback, nor one of the lock's heartbeat thread
+    assert line.startswith("error: cannot use store postgresql+psycopg://") and "it does not answer" in line, line
+    assert "milegpo train --resume RUN" in line
+    with RunStore(postgres_url) as store:  # what it committed is kept
+        assert store.iterations(1) and store.get_run(1)["status"] == "running"
+
+
 def test_lock_columns_are_added_to_an_older_store(store_url):
     from test_store import write_v1_store
 

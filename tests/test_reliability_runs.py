@@ -106,6 +106,24 @@ def test_moved_run_folder_resumes_and_keeps_every_row(tmp_path, killed_run):
 
 
 @pytest.mark.slow
+def test_a_second_store_in_the_run_folder_leaves_the_first_ones_checkpoints(tmp_path, killed_run):
+    root = killed_run
+    ckpt = root / "checkpoints" / "run_1" / "iter_000001"
+    manifest, before = (ckpt / "manifest.json").read_text(), counts(root / "milegpo.db")
+    other = ["--db", f"sqlite:///{root / 'other.db'}"]
+
+    res = milegpo([*train_args(root), *SHORT, *other], tmp_path)  # its run 1, in the same folder
+    one_error_line(res, "holds the checkpoints of another run", "--runs-dir", "nothing was changed")
+    assert (ckpt / "manifest.json").read_text() == manifest and counts(root / "milegpo.db") == before
+    res = milegpo(["rollout", "--run", "1", "-n", "1", "--runs-dir", str(root), *other], tmp_path)
+    one_error_line(res, "holds the checkpoints of another run")  # not an evaluation of the other store's policy
+
+    res = milegpo(["train", "--resume", "1", "--runs-dir", str(root)], tmp_path)  # the folder's own store goes on
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert counts(root / "milegpo.db")["iterations"] == 3
+
+
+@pytest.mark.slow
 def test_a_copied_db_file_alone_holds_every_row_and_backup(tmp_path, killed_run):
     root = killed_run
     res = milegpo(["rollout", "--run", "1", "-n", "1", "--runs-dir", str(root)], tmp_path)

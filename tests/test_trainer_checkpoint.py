@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from milegpo_cli.cli import app
 from milegpo_cli.policy import Policy
-from milegpo_cli.trainer.checkpoint import (MANIFEST, CheckpointError, find_checkpoint, latest_checkpoint,
-                                            list_checkpoints, load_checkpoint, save_checkpoint, set_rng_state,
-                                            sha256_file)
+from milegpo_cli.trainer.checkpoint import (MANIFEST, OWNER, CheckpointError, check_owner, claim_folder,
+                                            find_checkpoint, folder_owner, latest_checkpoint, list_checkpoints,
+                                            load_checkpoint, save_checkpoint, set_rng_state, sha256_file)
 
 torch.set_num_threads(1)
 CORPUS = ["go to desk 1", "take apple 1 from desk 1", "You are in the middle of a room.", "open fridge 1"]
@@ -64,6 +64,30 @@ def test_keep_last_k_and_half_written_checkpoints_are_ignored(policy, tmp_path):
     assert find_checkpoint(tmp_path, None).iteration == 5
     with pytest.raises(CheckpointError, match=r"no checkpoint for iteration 2 .*have \[4, 5\]"):
         find_checkpoint(tmp_path, 2)
+
+
+def test_a_checkpoint_folder_belongs_to_one_run(policy, tmp_path):
+    """Run 1 of two stores in one run folder: the second is refused before it writes, the first goes on."""
+    ours, legacy = tmp_path / "run_1", tmp_path / "legacy"
+    claim_folder(ours, "mlflow-a", fresh=True)
+    assert folder_owner(ours) == "mlflow-a"
+    path = save_checkpoint(ours, 2, policy, trainer_state(policy), {}, keep=2)
+    digest = sha256_file(path / "trainer.pt")
+    for owner, fresh in (("mlflow-b", True), ("mlflow-b", False), (None, False)):
+        with pytest.raises(CheckpointError, match="another run|never started"):
+            claim_folder(ours, owner, fresh) if owner else check_owner(ours, owner)
+    claim_folder(ours, "mlflow-a", fresh=False)  # the owner resumes
+    assert [i for i, _ in list_checkpoints(ours)] == [2] and sha256_file(path / "trainer.pt") == digest
+    assert folder_owner(ours) == "mlflow-a" and sorted(p.name for p in ours.iterdir()) == ["iter_000002", OWNER]
+
+    # a folder written before owners were recorded: its run resumes it; a new run does not take it
+    save_checkpoint(legacy, 1, policy, trainer_state(policy), {}, keep=1)
+    with pytest.raises(CheckpointError, match="no run of this store wrote"):
+        claim_folder(legacy, "mlflow-new", fresh=True)
+    assert folder_owner(legacy) is None
+    claim_folder(legacy, "mlflow-old", fresh=False)
+    assert folder_owner(legacy) == "mlflow-old"
+    check_owner(tmp_path / "absent", None)  # an unstarted run without a folder: nothing to refuse
 
 
 def test_tampered_checkpoint_is_refused(policy, tmp_path):

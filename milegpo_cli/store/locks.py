@@ -12,6 +12,7 @@ Lock writes bypass ``RunStore._write`` on purpose: they are no iteration data an
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -20,11 +21,13 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from sqlalchemy import update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from milegpo_cli.errors import RunNotFound, StoreError
 from milegpo_cli.interrupts import deferred_interrupts
 from milegpo_cli.store.models import Run
+from milegpo_cli.store.repo import connection_lost
 
 HEARTBEAT_S = 30.0
 STALE_S = 120.0
@@ -63,8 +66,13 @@ class RunLock:
         self._thread: threading.Thread | None = None
 
     def _tx(self, fn: Callable[[Session], T]) -> T:
-        with Session(self.store.engine.execution_options(write=True)) as s, s.begin():
-            return fn(s)
+        try:
+            with Session(self.store.engine.execution_options(write=True)) as s, s.begin():
+                return fn(s)
+        except DBAPIError as err:
+            if connection_lost(err):
+                raise self.store.unreachable(err) from None
+            raise
 
     @deferred_interrupts()
     def acquire(self) -> RunLock:
@@ -98,11 +106,13 @@ class RunLock:
 
     @deferred_interrupts()
     def release(self) -> None:
-        """Stop the heartbeat and clear the lock if this process still holds it."""
+        """Stop the heartbeat and clear the lock if this process still holds it. A store that does not
+        answer keeps the lock, which goes stale after :data:`STALE_S` seconds and is taken over."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._tx(lambda s: s.execute(self._mine().values(lock_host=None, lock_pid=None, lock_heartbeat=None)))
+        with contextlib.suppress(StoreError):
+            self._tx(lambda s: s.execute(self._mine().values(lock_host=None, lock_pid=None, lock_heartbeat=None)))
 
     def __enter__(self) -> RunLock:
         return self.acquire()

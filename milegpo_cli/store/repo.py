@@ -126,6 +126,19 @@ def _unusable(err: DBAPIError) -> bool:
     return getattr(err.orig, "sqlite_errorname", "").startswith(SQLITE_UNUSABLE)
 
 
+def connection_lost(err: DBAPIError) -> bool:
+    """Whether a database server's error means the connection is gone (refused, closed, the server
+    or the database shut down) rather than a fault of the statement: SQLAlchemy's disconnect test, no
+    SQLSTATE (the connection failed before the server answered), or SQLSTATE class 08 (connection
+    exception) or 57P (operator intervention). SQLite errors are never this."""
+    if err.connection_invalidated:
+        return True
+    if not isinstance(err, OperationalError) or isinstance(err.orig, sqlite3.Error):
+        return False
+    state = getattr(err.orig, "sqlstate", None)
+    return state is None or state.startswith(("08", "57P"))
+
+
 def _number(value: Any) -> Any:
     """JSON-safe scalar: numpy numbers -> Python, NaN/inf -> None."""
     if isinstance(value, bool) or value is None or isinstance(value, str):
@@ -294,6 +307,8 @@ class RunStore:
                     fault_point("store.commit")  # test-only: a kill here leaves an uncommitted transaction
                     return result
             except OperationalError as err:
+                if connection_lost(err):
+                    raise self.unreachable(err) from None
                 locked = "locked" in str(err) or "busy" in str(err)
                 if not locked or attempt == self.retries - 1:
                     raise
@@ -305,9 +320,18 @@ class RunStore:
             with Session(self.engine) as session, session.begin():
                 return fn(session)
         except DBAPIError as err:
+            if connection_lost(err):
+                raise self.unreachable(err) from None
             if _unusable(err):
                 raise StoreError(self._why(err)) from None
             raise
+
+    def unreachable(self, err: DBAPIError) -> StoreError:
+        """One line on a store whose server does not answer (:func:`connection_lost`)."""
+        reason = " ".join(str(err.orig).split())
+        return StoreError(f"cannot use store {self.display_url}: it does not answer ({reason}); what it committed "
+                          f"is kept: run the command again once it answers (`milegpo train --resume RUN` goes on "
+                          f"from a run's last checkpoint)")
 
     def _damaged(self, why: str) -> StoreError:
         return StoreError(f"store {self.display_url} is damaged: {why}; restore it from a copy")

@@ -18,6 +18,11 @@ save. Loading verifies every hash in the manifest first and refuses a mismatch w
 strings and plain containers only, plus exactly what numpy's RNG state needs (:data:`_RNG_GLOBALS`),
 so a checkpoint someone else wrote cannot run code when it is resumed; anything else (a pickled
 callable, say) is refused with :class:`CheckpointError`.
+
+A run's checkpoint folder records the run it belongs to (``owner.json``: its MLflow run id, which
+no other run of any store shares): two stores keeping their run 1 in one run folder would otherwise
+write, prune and resume each other's checkpoints. :func:`claim_folder` refuses a folder of another
+run, and one that holds checkpoints a run starting from iteration 0 did not write.
 """
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ except ImportError:  # numpy < 2
     from numpy.core.multiarray import _reconstruct
 
 MANIFEST = "manifest.json"
+OWNER = "owner.json"  # in a run's checkpoint folder: {"run": the MLflow run id of the run writing there}
 FORMAT = 1
 _NAME = re.compile(r"^iter_(\d{6,})$")
 # numpy.random.get_state() holds a uint32 ndarray; optimizer and LambdaLR states need nothing beyond torch's defaults
@@ -139,6 +145,50 @@ def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
         if m and (child / MANIFEST).is_file():
             found.append((int(m.group(1)), child))
     return sorted(found)
+
+
+def folder_owner(root: str | Path) -> str | None:
+    """The run a checkpoint folder belongs to (:data:`OWNER`); None when it records none."""
+    file = Path(root) / OWNER
+    try:
+        return str(json.loads(file.read_text())["run"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{file}: unreadable ({err})") from err
+
+
+def check_owner(root: str | Path, owner: str | None) -> None:
+    """CheckpointError unless the checkpoint folder ``root`` may be the folder of run ``owner`` (its
+    MLflow run id; None: a run that never started, so it wrote no checkpoint). A folder that records
+    no owner was written before owners were recorded and is taken as the run's own."""
+    recorded = folder_owner(root)
+    if recorded is not None and recorded != owner:
+        raise CheckpointError(f"{root} holds the checkpoints of another run (MLflow run {recorded}, not "
+                              f"{owner or 'this unstarted run'}): two stores keep a run {Path(root).name} in this "
+                              f"run folder; give each store its own --runs-dir (nothing was changed)")
+    if owner is None and list_checkpoints(root):
+        raise CheckpointError(f"{root} holds checkpoints, but its run never started: another store keeps a run "
+                              f"{Path(root).name} in this run folder; give each store its own --runs-dir "
+                              f"(nothing was changed)")
+
+
+def claim_folder(root: str | Path, owner: str, fresh: bool) -> None:
+    """Record run ``owner`` as the owner of its checkpoint folder ``root`` (created if missing), after
+    :func:`check_owner`; a run starting from iteration 0 (``fresh``) also refuses checkpoints of a
+    folder that records no owner."""
+    root = Path(root)
+    check_owner(root, owner)
+    if fresh and folder_owner(root) is None and list_checkpoints(root):
+        raise CheckpointError(f"{root} holds checkpoints no run of this store wrote (a run starting from "
+                              f"iteration 0 has none): another store keeps a run {root.name} in this run "
+                              f"folder; give each store its own --runs-dir (nothing was changed)")
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{OWNER}.{os.getpid()}"
+    tmp.write_text(json.dumps({"run": owner}))
+    _fsync_path(tmp)
+    tmp.replace(root / OWNER)
+    _fsync_path(root)
 
 
 def save_checkpoint(root: str | Path, iteration: int, policy, trainer_state: dict[str, Any],

@@ -23,6 +23,7 @@ every rank's episodes and alone writes the store, MLflow and checkpoints (traine
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -36,7 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from milegpo_cli.errors import MilegpoError
+from milegpo_cli.errors import MilegpoError, StoreError
 from envs.faults import fault_point
 from milegpo_cli.config import Config
 from milegpo_cli.credit import Rollout, RolloutBatch, compute_advantages
@@ -45,7 +46,8 @@ from milegpo_cli.run_folder import relative_to_folder, reroot, resume_command
 from milegpo_cli.store.records import CandidateRecord, EpisodeRecord, StepRecord
 from milegpo_cli.trainer.distributed import (gather_iteration, group_offset, rank_parts, shard,
                                              world_size)
-from milegpo_cli.trainer.checkpoint import DiskFull, find_checkpoint, save_checkpoint, set_rng_state
+from milegpo_cli.trainer.checkpoint import (DiskFull, check_owner, claim_folder, find_checkpoint, save_checkpoint,
+                                           set_rng_state)
 from milegpo_cli.trainer.resume import checkpoint_root, load_resume, open_run, stopped
 from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe, episode_metrics, format_success, run_evaluation
 from milegpo_cli.trainer.rollout import INVALID_ACTION, Episode, RolloutStats, expert_walkthroughs, run_episodes
@@ -383,6 +385,8 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
     G, N = config.rollout.groups, config.rollout.group_size
     suite = venv = eval_venv = None
     try:  # from here on a stop marks the run killed and releases its lock
+        if main:  # the run's checkpoint folder: its own, not another store's run of the same id
+            claim_folder(checkpoint_root(config, run_id), store.get_run(run_id)["mlflow_run_id"], fresh=ckpt is None)
         suite = build_suite(config)
         venv = suite.make_vector_env(G * N, oracle=config.env.oracle if config.env.name == "alfworld"
                                      else config.env.oracle != "off")
@@ -441,7 +445,8 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
                                      f"loss or advantages (last at iteration {it})")
     except BaseException as err:
         if main:
-            store.set_status(run_id, "killed" if isinstance(err, KeyboardInterrupt) else "failed")
+            with contextlib.suppress(StoreError):  # a store that does not answer cannot record the end
+                store.set_status(run_id, "killed" if isinstance(err, KeyboardInterrupt) else "failed")
         if tracker is not None:
             tracker.end("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         if isinstance(err, KeyboardInterrupt):
@@ -506,6 +511,7 @@ def evaluate(store, run_id: int | str, split: str, episodes: int, checkpoint: in
     rid, config = int(row["id"]), reroot(Config.from_dict(row["config"]), root)
     if episodes < 1:
         raise ValueError(f"episodes: must be >= 1, got {episodes}")
+    check_owner(checkpoint_root(config, rid), row.get("mlflow_run_id"))
     ckpt = find_checkpoint(checkpoint_root(config, rid), checkpoint)
     set_threads(config.run.threads)
     config = fit_to_cores(config)

@@ -5,7 +5,8 @@ the MLflow store is reached (a server that does not answer fails fast, before a 
 run is locked (store/locks.py); the MLflow run is started or found. Only then are the rows recorded
 after the resumed checkpoint deleted, so a failure at any earlier step leaves the store as it was.
 A checkpoint the store records but the folder lacks (a moved or copied folder opened with the wrong
-``--runs-dir``) is an error naming both, never a silent restart from iteration 0.
+``--runs-dir``) is an error naming both, never a silent restart from iteration 0; so is a checkpoint
+folder of another store's run of the same id (trainer/checkpoint.py, ``owner.json``).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from milegpo_cli.config import Config
 from milegpo_cli.errors import RunStopped
 from milegpo_cli.run_folder import reroot, resume_command
 from milegpo_cli.store.locks import RunLock
-from milegpo_cli.trainer.checkpoint import Checkpoint, CheckpointError, latest_checkpoint
+from milegpo_cli.trainer.checkpoint import Checkpoint, CheckpointError, check_owner, latest_checkpoint
 from milegpo_cli.trainer.distributed import broadcast_object
 
 
@@ -31,7 +32,8 @@ def stopped(run_id: int, config: Config, store) -> RunStopped:
 
 def checkpoint_to_resume(store, run_id: int, root: Path) -> Checkpoint | None:
     """The newest complete checkpoint under ``root``, verified; None when the run has none yet.
-    CheckpointError when the store records a newer checkpoint than ``root`` holds."""
+    CheckpointError when ``root`` is another run's, or the store records a newer checkpoint than it holds."""
+    check_owner(root, store.get_run(run_id).get("mlflow_run_id"))
     ckpt = latest_checkpoint(root)
     recorded = store.latest_checkpoint(run_id)
     if recorded is not None and (ckpt is None or ckpt.iteration < recorded["iteration"]):
