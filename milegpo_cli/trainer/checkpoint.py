@@ -165,11 +165,11 @@ def check_owner(root: str | Path, owner: str | None) -> None:
     recorded = folder_owner(root)
     if recorded is not None and recorded != owner:
         raise CheckpointError(f"{root} holds the checkpoints of another run (MLflow run {recorded}, not "
-                              f"{owner or 'this unstarted run'}): two stores keep a run {Path(root).name} in this "
-                              f"run folder; give each store its own --runs-dir (nothing was changed)")
+                              f"{owner or 'this unstarted run'}): two stores use this run folder for their "
+                              f"{Path(root).name}; give each store its own --runs-dir (nothing was changed)")
     if owner is None and list_checkpoints(root):
-        raise CheckpointError(f"{root} holds checkpoints, but its run never started: another store keeps a run "
-                              f"{Path(root).name} in this run folder; give each store its own --runs-dir "
+        raise CheckpointError(f"{root} holds checkpoints, but its run never started: two stores use this run "
+                              f"folder for their {Path(root).name}; give each store its own --runs-dir "
                               f"(nothing was changed)")
 
 
@@ -181,8 +181,8 @@ def claim_folder(root: str | Path, owner: str, fresh: bool) -> None:
     check_owner(root, owner)
     if fresh and folder_owner(root) is None and list_checkpoints(root):
         raise CheckpointError(f"{root} holds checkpoints no run of this store wrote (a run starting from "
-                              f"iteration 0 has none): another store keeps a run {root.name} in this run "
-                              f"folder; give each store its own --runs-dir (nothing was changed)")
+                              f"iteration 0 has none): two stores use this run folder for their {root.name}; "
+                              f"give each store its own --runs-dir (nothing was changed)")
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{OWNER}.{os.getpid()}"
     tmp.write_text(json.dumps({"run": owner}))
