@@ -2,12 +2,12 @@
 
     nice -n 10 .venv/bin/python bench/ablate_parallel.py --recipe alfworld --iterations 4 [--set key=value ...]
 
-Runs ``milegpo ablate --seeds 2 --no-ablations`` (the full method on seeds 0 and 1) twice, each time
-in a fresh run directory under ``ROOT/bench`` (store, MLflow, checkpoints: a run id of one would
-otherwise resume the other's checkpoint), ``ROOT/models`` (the cached base policy) linked in: with ``--parallel 1`` (members one after the other, in the ablate process) and
-with ``--parallel 2`` (two member processes, each given half the cores in ``MILEGPO_CORES``),
-then once more with ``--parallel 1`` and each member given half the cores (``MILEGPO_CORES``): one
-after the other on the share each gets when packed. Evaluations are cut to ``--eval-episodes`` tasks
+Runs ``milegpo ablate --seeds 2 --no-ablations`` (the full method on seeds 0 and 1) three times, each
+in a fresh run directory under ``ROOT/bench`` (store, MLflow, checkpoints) with ``ROOT/models`` (the
+cached base policy) linked in: ``--parallel 1`` (members one after the other, in the ablate
+process, each on all the cores), ``--parallel 2`` (two member processes, each given half the cores
+in ``MILEGPO_CORES``), and ``--parallel 1`` with each member given half the cores (one after the
+other on the share each gets when packed). Evaluations are cut to ``--eval-episodes`` tasks
 per split so that the figure is mostly training. Prints the wall time of each and
 
     ratio   = parallel2 / sequential             (issue 36's target: <= 0.6 on an idle 2-core machine)
