@@ -30,10 +30,11 @@ def stopped(run_id: int, config: Config, store) -> RunStopped:
     return RunStopped(run_id, resume_command(run_id, config.store.root, store.url))
 
 
-def checkpoint_to_resume(store, run_id: int, root: Path) -> Checkpoint | None:
+def checkpoint_to_resume(store, run_id: int, root: Path, owner: str | None) -> Checkpoint | None:
     """The newest complete checkpoint under ``root``, verified; None when the run has none yet.
-    CheckpointError when ``root`` is another run's, or the store records a newer checkpoint than it holds."""
-    check_owner(root, store.get_run(run_id).get("mlflow_run_id"))
+    CheckpointError when ``root`` is not run ``owner``'s (its MLflow run id), or the store records a
+    newer checkpoint than it holds."""
+    check_owner(root, owner)
     ckpt = latest_checkpoint(root)
     recorded = store.latest_checkpoint(run_id)
     if recorded is not None and (ckpt is None or ckpt.iteration < recorded["iteration"]):
@@ -47,7 +48,7 @@ def load_resume(store, resume_run: int | str, root: str | Path) -> tuple[int, Co
     """(run id, its stored config re-rooted at ``root``, its verified checkpoint or None)."""
     row = store.get_run(resume_run)
     run_id, config = int(row["id"]), reroot(Config.from_dict(row["config"]), root)
-    return run_id, config, checkpoint_to_resume(store, run_id, checkpoint_root(config, run_id))
+    return run_id, config, checkpoint_to_resume(store, run_id, checkpoint_root(config, run_id), row.get("mlflow_run_id"))
 
 
 @dataclass
