@@ -118,6 +118,19 @@ def test_ablate_parallel_members_share_one_store(tmp_path, models_dir):
         assert_run_complete(root / "milegpo.db", run_id, 1)
 
 
+def _runs_with_iterations(db: Path) -> int:
+    """How many runs of the store ``db`` have finished an iteration; 0 before the parent has made its tables."""
+    if not db.exists():
+        return 0
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("SELECT count(DISTINCT run_id) FROM iterations").fetchone()[0]
+    except sqlite3.OperationalError:  # no such table yet, or a writer holds the lock: look again next second
+        return 0
+    finally:
+        con.close()
+
+
 def _member_processes(db: Path) -> list[int]:
     """Pids of live `milegpo train --resume` processes on the store ``db`` (Linux /proc)."""
     pids = []
@@ -144,10 +157,7 @@ def test_sigterm_stops_ablate_members_and_marks_them_killed(tmp_path, models_dir
     trained = 0
     while trained < 2 and time.monotonic() < deadline and proc.poll() is None:  # both members in their loop
         time.sleep(1.0)
-        if db.exists():
-            con = sqlite3.connect(db)
-            trained = con.execute("SELECT count(DISTINCT run_id) FROM iterations").fetchone()[0]
-            con.close()
+        trained = _runs_with_iterations(db)
     assert trained == 2 and len(_member_processes(db)) == 2, proc.communicate(timeout=60)[0]
     proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=180)[0]

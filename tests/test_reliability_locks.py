@@ -129,9 +129,12 @@ def test_second_resume_of_a_run_in_training_is_refused(tmp_path, models_dir, bac
     [line] = res.stderr.strip().splitlines()
     assert line.startswith(f"error: run 1 is being trained by pid {first.pid} on host {socket.gethostname()}")
     assert first.poll() is None  # the first goes on
-    n = len(store.iterations(1))
-    time.sleep(2.0)
-    assert len(store.iterations(1)) > n  # ... and its iterations were not deleted by the refused resume
+    before = [(r["id"], r["iteration"]) for r in store.iterations(1)]
+    deadline = time.monotonic() + 120
+    while len(store.iterations(1)) <= len(before) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    after = [(r["id"], r["iteration"]) for r in store.iterations(1)]
+    assert len(after) > len(before) and after[:len(before)] == before  # it trains on; no row of it was rewritten
     first.send_signal(signal.SIGTERM)
     assert first.wait(timeout=120) == 130
     assert store.get_run(1)["status"] == "killed" and lock_row(store) == (None, None)
