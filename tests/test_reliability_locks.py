@@ -15,10 +15,13 @@ import time
 import pytest
 from sqlalchemy import update
 
+from milegpo_cli.config import load_config
 from milegpo_cli.store import RunStore
 from milegpo_cli.store import locks
 from milegpo_cli.store.locks import RunLock, RunLocked
 from milegpo_cli.store.models import Run
+from milegpo_cli.trainer.checkpoint import CheckpointError
+from milegpo_cli.trainer.resume import load_resume
 from test_reliability_crash import SCRIPT, milegpo, models_dir, new_root, train_args  # noqa: F401 (fixture)
 
 HOLDER = textwrap.dedent("""
@@ -103,6 +106,19 @@ def test_heartbeat_advances_while_held(store_url, monkeypatch):
             first = store.get_run(1)["lock_heartbeat"]
             time.sleep(1.0)
             assert store.get_run(1)["lock_heartbeat"] > first
+
+
+def test_a_resume_of_a_run_in_training_is_refused_before_its_folder_is_read(store_url, tmp_path):
+    """The trainer's folder changes under a second resume (its store records a checkpoint the folder
+    listing did not show yet): the lock is checked first, so the refusal names the trainer."""
+    with RunStore(store_url) as store:
+        rid = store.create_run("r", "milegpo", config=load_config("webshop").to_dict())
+        store.record_checkpoint(rid, 18, "checkpoints/run_1/iter_000018", "0" * 64)  # not in tmp_path
+        with RunLock(store, rid):
+            with pytest.raises(RunLocked, match=rf"run {rid} is being trained by pid {os.getpid()} "):
+                load_resume(store, rid, tmp_path)
+        with pytest.raises(CheckpointError, match="records the checkpoint of iteration 18"):
+            load_resume(store, rid, tmp_path)  # unlocked: the folder is checked
 
 
 @pytest.mark.slow

@@ -56,6 +56,17 @@ def holder_alive(host: str, pid: int, heartbeat: float, now: float) -> bool:
     return pid_alive(pid) if host == socket.gethostname() else True
 
 
+def refuse_if_held(run_id: int, host: str | None, pid: int | None, heartbeat: float | None,
+                   mine: tuple[str, int] | None = None) -> None:
+    """Raise RunLocked when run ``run_id``'s lock (its row's ``lock_*`` columns) is held by a live
+    process other than ``mine`` (host, pid)."""
+    now = time.time()
+    if pid is None or (host, pid) == mine or not holder_alive(host, pid, heartbeat or 0.0, now):
+        return
+    raise RunLocked(f"run {run_id} is being trained by pid {pid} on host {host} (heartbeat {now - heartbeat:.0f} s "
+                    f"ago): wait for it to end, or stop that process; a lock whose process is gone is taken over")
+
+
 class RunLock:
     """The lock of run ``run_id`` in ``store`` for this process (a context manager)."""
 
@@ -81,14 +92,8 @@ class RunLock:
             run = s.get(Run, self.run_id, with_for_update=True)
             if run is None:
                 raise RunNotFound(f"run {self.run_id} not found in {self.store.display_url}")
-            now = time.time()
-            mine = (run.lock_host, run.lock_pid) == (self.host, self.pid)
-            if run.lock_pid is not None and not mine and holder_alive(run.lock_host, run.lock_pid,
-                                                                      run.lock_heartbeat or 0.0, now):
-                raise RunLocked(f"run {self.run_id} is being trained by pid {run.lock_pid} on host {run.lock_host} "
-                                f"(heartbeat {now - run.lock_heartbeat:.0f} s ago): wait for it to end, or stop "
-                                f"that process; a lock whose process is gone is taken over")
-            run.lock_host, run.lock_pid, run.lock_heartbeat = self.host, self.pid, now
+            refuse_if_held(self.run_id, run.lock_host, run.lock_pid, run.lock_heartbeat, mine=(self.host, self.pid))
+            run.lock_host, run.lock_pid, run.lock_heartbeat = self.host, self.pid, time.time()
         self._tx(fn)
         self._thread = threading.Thread(target=self._beat, name=f"run-{self.run_id}-lock", daemon=True)
         self._thread.start()

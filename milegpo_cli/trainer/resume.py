@@ -1,6 +1,7 @@
 """Starting or resuming a run without losing stored rows (issue 35, docs/reliability.md).
 
-Order of :func:`open_run`: the checkpoint to resume is found in the run folder in use and verified;
+Order of :func:`load_resume` and :func:`open_run`: a run that a live process trains is refused; the
+checkpoint to resume is found in the run folder in use and verified;
 the MLflow store is reached (a server that does not answer fails fast, before a run is created); the
 run is locked (store/locks.py); the MLflow run is started or found. Only then are the rows recorded
 after the resumed checkpoint deleted, so a failure at any earlier step leaves the store as it was.
@@ -17,7 +18,7 @@ from pathlib import Path
 from milegpo_cli.config import Config
 from milegpo_cli.errors import RunStopped
 from milegpo_cli.run_folder import reroot, resume_command
-from milegpo_cli.store.locks import RunLock
+from milegpo_cli.store.locks import RunLock, refuse_if_held
 from milegpo_cli.trainer.checkpoint import Checkpoint, CheckpointError, check_owner, latest_checkpoint
 from milegpo_cli.trainer.distributed import broadcast_object
 
@@ -35,8 +36,8 @@ def checkpoint_to_resume(store, run_id: int, root: Path, owner: str | None) -> C
     CheckpointError when ``root`` is not run ``owner``'s (its MLflow run id), or the store records a
     newer checkpoint than it holds."""
     check_owner(root, owner)
+    recorded = store.latest_checkpoint(run_id)  # read first: a trainer records a checkpoint after writing it
     ckpt = latest_checkpoint(root)
-    recorded = store.latest_checkpoint(run_id)
     if recorded is not None and (ckpt is None or ckpt.iteration < recorded["iteration"]):
         have = "no checkpoint" if ckpt is None else f"only the checkpoint of iteration {ckpt.iteration}"
         raise CheckpointError(f"run {run_id}: the store records the checkpoint of iteration {recorded['iteration']} "
@@ -45,9 +46,11 @@ def checkpoint_to_resume(store, run_id: int, root: Path, owner: str | None) -> C
 
 
 def load_resume(store, resume_run: int | str, root: str | Path) -> tuple[int, Config, Checkpoint | None]:
-    """(run id, its stored config re-rooted at ``root``, its verified checkpoint or None)."""
+    """(run id, its stored config re-rooted at ``root``, its verified checkpoint or None). A run that a
+    live process trains is refused first (RunLocked): its folder changes while it is read."""
     row = store.get_run(resume_run)
     run_id, config = int(row["id"]), reroot(Config.from_dict(row["config"]), root)
+    refuse_if_held(run_id, row["lock_host"], row["lock_pid"], row["lock_heartbeat"])
     return run_id, config, checkpoint_to_resume(store, run_id, checkpoint_root(config, run_id), row.get("mlflow_run_id"))
 
 
