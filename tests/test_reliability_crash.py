@@ -67,6 +67,8 @@ def snapshot(root: Path) -> dict:
 
     con = sqlite3.connect(root / "milegpo.db")
     try:
+        if not con.execute("SELECT 1 FROM sqlite_master WHERE name = 'runs'").fetchone():  # killed before its schema
+            return {"iterations": [], "episodes": [], "steps": [], "evaluations": [], "status": None}
         its = [(i, {k: v for k, v in json.loads(m).items() if not any(t in k for t in TIMING)}, n)
                for i, m, n in con.execute("SELECT iteration, metrics, episodes FROM iterations WHERE run_id=1 "
                                           "ORDER BY iteration")]
