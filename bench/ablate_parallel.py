@@ -21,7 +21,6 @@ their share (docs/performance.md). Appends a row to bench/results/ablate_paralle
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import platform
 import subprocess
@@ -31,6 +30,7 @@ import time
 from pathlib import Path
 
 from milegpo_cli.cores import CORES_ENV, member_share, process_cores
+from results_csv import append_row
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "ablate_parallel.csv"
@@ -84,16 +84,7 @@ def main() -> None:
            "sequential_s": round(times["sequential"], 2), "parallel2_s": round(times["parallel2"], 2), "ratio": round(ratio, 4),
            "sequential_half_s": round(times["sequential_half"], 2), "packing": round(packing, 4),
            "member_speedup": round(speedup, 4)}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    rows = []
-    if RESULTS.exists():
-        with open(RESULTS, newline="") as f:
-            rows = list(csv.DictReader(f))
-    fields = list(dict.fromkeys([*(k for r in rows for k in r), *row]))  # older rows keep their columns
-    with open(RESULTS, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows([*rows, row])
+    append_row(RESULTS, row)
     print(f"parallel2 / sequential {ratio:.2f} = packing {packing:.2f} x member speedup {speedup:.2f}")
 
 

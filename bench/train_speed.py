@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import dataclasses
 import os
 import platform
@@ -58,6 +57,7 @@ from pathlib import Path
 import milegpo_cli  # noqa: F401  (first: torch's OpenMP waits passively, as under `milegpo train`)
 import numpy as np
 import torch
+from results_csv import append_row
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "train_speed.csv"
@@ -339,16 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     out = {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
     for k, v in out.items():
         print(f"{k:>42}: {v}")
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    rows = []
-    if args.results.exists():
-        with open(args.results, newline="") as f:
-            rows = list(csv.DictReader(f))
-    fields = list(dict.fromkeys([*(k for r in rows for k in r), *out]))  # older rows keep their columns
-    with open(args.results, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows([*rows, out])
+    append_row(args.results, out)
     print(last)
 
 

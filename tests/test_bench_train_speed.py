@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import train_speed  # noqa: E402
+from results_csv import append_row  # noqa: E402
 
 
 def test_contend_ratios_per_part():
@@ -61,3 +62,11 @@ def test_contend_must_not_be_negative(capsys):
     with pytest.raises(SystemExit) as e:
         train_speed.main(["--contend", "-1"])
     assert e.value.code == 2 and "--contend" in capsys.readouterr().err
+
+
+def test_a_results_row_with_new_columns_keeps_the_older_rows(tmp_path):
+    path = tmp_path / "results" / "bench.csv"
+    append_row(path, {"commit": "a", "ratio": 0.8})
+    append_row(path, {"commit": "b", "ratio": 0.7, "packing": 0.6})
+    rows = list(csv.DictReader(open(path)))
+    assert rows == [{"commit": "a", "ratio": "0.8", "packing": ""}, {"commit": "b", "ratio": "0.7", "packing": "0.6"}]
