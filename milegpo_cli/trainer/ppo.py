@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
@@ -333,6 +334,15 @@ class PPOUpdater:
             param.grad = grad
         return ok, stop, kl / max(n, 1), counted, tokens
 
+    def _advance_schedule(self) -> None:
+        """One lr-schedule step per update, whether it stepped the optimizer or was skipped. A skipped
+        first update is deliberate, so torch's warning "lr_scheduler.step() before optimizer.step()" is
+        silenced here."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            self.scheduler.step()
+        self.updates += 1
+
     def update(self, samples: Sequence[ScoreSample | GenerateSample], advantages: np.ndarray,
                sample_weights: np.ndarray | None = None) -> dict[str, float]:
         """One PPO update on ``samples`` (one per step) with per-step ``advantages``; ``sample_weights``
@@ -358,8 +368,7 @@ class PPOUpdater:
             # No advantage signal on any rank (every rollout of every group failed alike): the loss
             # would be the entropy bonus alone, which Adam, blind to the gradient's scale, turns into
             # full-size steps toward the uniform policy. The lr schedule still advances.
-            self.scheduler.step()
-            self.updates += 1
+            self._advance_schedule()
             metrics.update(no_signal=1.0, skipped_reason="no advantage signal (every advantage is 0)",
                            time_s=time.perf_counter() - start)
             return metrics
@@ -408,8 +417,7 @@ class PPOUpdater:
                 if stop:
                     break
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        self.updates += 1
+        self._advance_schedule()
         elapsed = time.perf_counter() - start
         if metrics["optimizer_steps"] == 0:
             metrics["skipped_reason"] = "non-finite loss or gradient"
