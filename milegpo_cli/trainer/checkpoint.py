@@ -158,19 +158,23 @@ def folder_owner(root: str | Path) -> str | None:
         raise CheckpointError(f"{file}: unreadable ({err})") from err
 
 
+def _shared_folder(root: Path, what: str) -> CheckpointError:
+    """The error of a checkpoint folder that two stores' runs of one id use; ``what`` says how it shows."""
+    return CheckpointError(f"{root} {what}: two stores use this run folder for their {root.name}; give each "
+                           f"store its own --runs-dir (nothing was changed)")
+
+
 def check_owner(root: str | Path, owner: str | None) -> None:
     """CheckpointError unless the checkpoint folder ``root`` may be the folder of run ``owner`` (its
     MLflow run id; None: a run that never started, so it wrote no checkpoint). A folder that records
     no owner was written before owners were recorded and is taken as the run's own."""
+    root = Path(root)
     recorded = folder_owner(root)
     if recorded is not None and recorded != owner:
-        raise CheckpointError(f"{root} holds the checkpoints of another run (MLflow run {recorded}, not "
-                              f"{owner or 'this unstarted run'}): two stores use this run folder for their "
-                              f"{Path(root).name}; give each store its own --runs-dir (nothing was changed)")
+        raise _shared_folder(root, f"holds the checkpoints of another run (MLflow run {recorded}, not "
+                                   f"{owner or 'this unstarted run'})")
     if owner is None and list_checkpoints(root):
-        raise CheckpointError(f"{root} holds checkpoints, but its run never started: two stores use this run "
-                              f"folder for their {Path(root).name}; give each store its own --runs-dir "
-                              f"(nothing was changed)")
+        raise _shared_folder(root, "holds checkpoints, but its run never started")
 
 
 def claim_folder(root: str | Path, owner: str, fresh: bool) -> None:
@@ -180,9 +184,8 @@ def claim_folder(root: str | Path, owner: str, fresh: bool) -> None:
     root = Path(root)
     check_owner(root, owner)
     if fresh and folder_owner(root) is None and list_checkpoints(root):
-        raise CheckpointError(f"{root} holds checkpoints no run of this store wrote (a run starting from "
-                              f"iteration 0 has none): two stores use this run folder for their {root.name}; "
-                              f"give each store its own --runs-dir (nothing was changed)")
+        raise _shared_folder(root, "holds checkpoints no run of this store wrote (a run starting from iteration 0 "
+                                   "has none)")
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{OWNER}.{os.getpid()}"
     tmp.write_text(json.dumps({"run": owner}))

@@ -386,7 +386,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
     suite = venv = eval_venv = None
     try:  # from here on a stop marks the run killed and releases its lock
         if main:  # the run's checkpoint folder: its own, not another store's run of the same id
-            claim_folder(checkpoint_root(config, run_id), store.get_run(run_id)["mlflow_run_id"], fresh=ckpt is None)
+            claim_folder(checkpoint_root(config, run_id), opened.mlflow_run_id, fresh=ckpt is None)
         suite = build_suite(config)
         venv = suite.make_vector_env(G * N, oracle=config.env.oracle if config.env.name == "alfworld"
                                      else config.env.oracle != "off")

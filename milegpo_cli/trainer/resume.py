@@ -59,6 +59,7 @@ class OpenedRun:
     run_id: int
     tracker: object | None  # store.tracking.Tracker on the main process
     lock: RunLock | None
+    mlflow_run_id: str | None  # the run's MLflow run id (main process), which owns its checkpoint folder
 
 
 def open_run(config: Config, store, tracker_uri: str, run_id: int | None, ckpt: Checkpoint | None, main: bool,
@@ -72,16 +73,18 @@ def open_run(config: Config, store, tracker_uri: str, run_id: int | None, ckpt: 
     if new:
         run_id = broadcast_object(create() if main else None, accelerator)
     if not main:
-        return OpenedRun(run_id, None, None)
+        return OpenedRun(run_id, None, None, None)
     lock = RunLock(store, run_id).acquire()
     try:
-        mlflow_id = store.get_run(run_id).get("mlflow_run_id")
+        row = store.get_run(run_id)
+        mlflow_id = row.get("mlflow_run_id")
         if mlflow_id:
             tracker.resume(mlflow_id)
         else:
-            versions = store.get_run(run_id)["versions"] or {}  # the stack a figure can be traced to
-            store.set_mlflow_run_id(run_id, tracker.start_run(name, params=config.to_dict(), tags={
-                "milegpo.run_id": run_id, **{f"version.{k}": v for k, v in versions.items()}}))
+            versions = row["versions"] or {}  # the stack a figure can be traced to
+            mlflow_id = tracker.start_run(name, params=config.to_dict(), tags={
+                "milegpo.run_id": run_id, **{f"version.{k}": v for k, v in versions.items()}})
+            store.set_mlflow_run_id(run_id, mlflow_id)
         if not new:
             store.delete_after(run_id, ckpt.iteration if ckpt else -1)
             if ckpt is None:  # a registered run (ablate) starts now: it trains wholly under this commit
@@ -95,4 +98,4 @@ def open_run(config: Config, store, tracker_uri: str, run_id: int | None, ckpt: 
         if stop:
             raise stopped(run_id, config, store) from err
         raise
-    return OpenedRun(run_id, tracker, lock)
+    return OpenedRun(run_id, tracker, lock, mlflow_id)
