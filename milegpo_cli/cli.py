@@ -376,6 +376,10 @@ def report(experiment: Annotated[Optional[str], typer.Option(
                     "the best against each other [default: success_id for a sweep, else no ranking].")] = None,
            out: Annotated[Optional[Path], typer.Option(
                "--out", metavar="DIR", help="Folder for plots [default: <runs-dir>/report/<experiment id or all>].")] = None,
+           mde: Annotated[Optional[float], typer.Option(
+               "--mde", metavar="POINTS",
+               help="For each comparison against the baseline, the paired seeds whose minimum detectable "
+                    "difference of the id area would be POINTS (points of success) at the observed spread.")] = None,
            db: DbOpt = None, runs_dir: RunsDirOpt = None) -> None:
     """Seed and variance tables of the runs of an experiment.
 
@@ -384,7 +388,7 @@ def report(experiment: Annotated[Optional[str], typer.Option(
     """
     fmt = _json_format(fmt, as_json)
     run_report = _engine("milegpo_cli.experiments.report", "run_report")
-    run_report(_store(db, runs_dir, reader=True), experiment, by, fmt, baseline, out, console, metric)
+    run_report(_store(db, runs_dir, reader=True), experiment, by, fmt, baseline, out, console, metric, mde)
 
 
 # --- runs, ui, envs ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 
 from milegpo_cli.errors import RunNotFound
 from milegpo_cli.experiments import report as R
+from milegpo_cli.experiments import stats as S
 from milegpo_cli.experiments.compare import compare
 from milegpo_cli.experiments.plots import is_png
 from milegpo_cli.store import EpisodeRecord
@@ -220,3 +221,23 @@ def test_graphgpo_under_the_preset_is_its_own_method(store, tmp_path):
     assert set(rep.data["methods"]) == {"graphgpo", "graphgpo (verl-agent)"}
     assert {r["method"] for r in compare(store, [f"exp:{exp}"], tmp_path / "cmp")["runs"]} == {
         "graphgpo", "graphgpo (verl-agent)"}
+
+
+def test_report_states_the_seeds_a_target_mde_needs(store, experiment, tmp_path):
+    """`report --mde 2`: each comparison against the baseline says how many paired seeds would bring its
+    MDE to 2 points at the spread the pilot shows (area paired differences .25, 0, .125 here)."""
+    rep = R.build_report(store, experiment, by="algo", baseline="gigpo", target_mde=0.02)
+    vs = rep.data["methods"]["milegpo"]["area"]["success"]["vs_baseline"]
+    diffs = [0.25, 0.0, 0.125]
+    assert vs["target_mde"] == 0.02 and vs["seeds_needed"] == S.seeds_needed(diffs, 0.02)
+    from scipy import stats as sst
+
+    n, s = vs["seeds_needed"], np.std(diffs, ddof=1)
+    assert (sst.t.ppf(0.975, n - 1) + sst.t.ppf(0.8, n - 1)) * s / np.sqrt(n) <= 0.02
+    area = rep.tables[-1]
+    assert "seeds for MDE AUC <= 2" in area.columns
+    row = next(r for r in area.rows if r[0] == "milegpo")
+    assert row[area.columns.index("seeds for MDE AUC <= 2")] == str(n)
+    assert "seeds for MDE AUC <= 2" not in R.build_report(store, experiment, baseline="gigpo").tables[-1].columns
+    with pytest.raises(R.ExperimentError, match="mde: must be > 0"):
+        R.run_report(store, experiment, "algo", "json", "gigpo", tmp_path, None, mde_points=0)

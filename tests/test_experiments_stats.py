@@ -114,6 +114,32 @@ def test_minimum_detectable_difference_matches_a_simulated_paired_t_test():
         S.minimum_detectable_difference([0.1])
 
 
+def test_seeds_needed_is_the_first_seed_count_whose_mde_reaches_the_target():
+    """A 5-seed pilot's spread: at the returned n the MDE of n pairs with that spread is <= target, at
+    n - 1 it is not; a simulated n-seed paired t-test then detects the target about 80% of the time."""
+    from scipy import stats as sst
+
+    d = np.array([0.05, -0.02, 0.08, 0.01, 0.03])
+    s = d.std(ddof=1)
+
+    def mde_at(n: int) -> float:
+        return (sst.t.ppf(0.975, n - 1) + sst.t.ppf(0.8, n - 1)) * s / np.sqrt(n)
+
+    n = S.seeds_needed(d, 0.02)
+    assert n is not None and mde_at(n) <= 0.02 < mde_at(n - 1)
+    assert n > 5  # the pilot's own MDE is above 2 points
+    rng = np.random.default_rng(1)
+    rejected = sst.ttest_1samp(rng.normal(0.02, s, (4000, n)), 0.0, axis=1).pvalue < 0.05
+    assert 0.75 < rejected.mean() < 0.86
+    assert S.seeds_needed(d, S.minimum_detectable_difference(d)) <= 5  # the pilot reaches its own MDE
+    assert S.seeds_needed(d, 1e-6) is None  # beyond 1,000 seeds
+    assert S.seeds_needed([0.1, 0.1, 0.1], 0.02) == 2  # no spread
+    with pytest.raises(S.StatsError, match="> 0"):
+        S.seeds_needed(d, 0.0)
+    with pytest.raises(S.StatsError, match=">= 2"):
+        S.seeds_needed([0.1], 0.02)
+
+
 def test_improvement_p_value_is_exact_under_complete_separation():
     """5 vs 5 seeds, every x above every y: the percentile interval of P(X > Y) is [1, 1], the exact
     two-sided Mann-Whitney p is 2 / C(10, 5) = 2/252."""

@@ -129,8 +129,9 @@ def _by_seed(runs: Sequence[RunData], value) -> dict[int, float]:
     return {r.seed: v for r in runs if (v := value(r)) is not None}
 
 
-def _versus(x: dict[int, float], y: dict[int, float], seed: int) -> dict:
-    """x against baseline y over seeds: P(X > Y), the difference paired by seed and its MDE."""
+def _versus(x: dict[int, float], y: dict[int, float], seed: int, target_mde: float | None = None) -> dict:
+    """x against baseline y over seeds: P(X > Y), the difference paired by seed, its MDE and, for a
+    ``target_mde``, the number of paired seeds whose MDE would reach it at the observed spread."""
     common = sorted(set(x) & set(y))
     diffs = [x[k] - y[k] for k in common]
     return {"poi": stats.probability_of_improvement([list(x.values())], [list(y.values())], seed=seed).to_dict()
@@ -138,7 +139,9 @@ def _versus(x: dict[int, float], y: dict[int, float], seed: int) -> dict:
             "poi_p": stats.improvement_p_value(list(x.values()), list(y.values())) if x and y else None,
             "paired_seeds": common,
             "difference": stats.summarize(diffs, seed=seed).to_dict() if diffs else None,
-            "mde": stats.minimum_detectable_difference(diffs) if len(diffs) > 1 else None}
+            "mde": stats.minimum_detectable_difference(diffs) if len(diffs) > 1 else None,
+            "target_mde": target_mde,
+            "seeds_needed": stats.seeds_needed(diffs, target_mde) if target_mde and len(diffs) > 1 else None}
 
 
 def _fmt_dict(e: dict | None, scale: float = 100.0, digits: int = 1) -> str:
@@ -169,10 +172,17 @@ def _curve_table(groups: dict[str, list[RunData]], data: dict, metrics: Sequence
                  ["method", "iteration", "steps"] + [f"{met} {s}" for met in metrics for s in SPLITS], rows)
 
 
+def _seeds_needed_cell(vs: dict | None) -> str:
+    """Seeds whose MDE would reach the target (``_versus``): a number, "> 1000" or "-"."""
+    if vs is None or vs["mde"] is None:
+        return "-"
+    return "> 1000" if vs["seeds_needed"] is None else str(vs["seeds_needed"])
+
+
 def _area_table(groups: dict[str, list[RunData]], data: dict, metrics: Sequence[str], baseline: str | None,
-                credit: Mapping[int, float], title: str, seed: int) -> Table:
-    """The area under each method's id curve, against the baseline with the power of the comparison,
-    and its credit AUC; fills ``data["methods"][m]["area" / "credit_auc"]``."""
+                credit: Mapping[int, float], title: str, seed: int, target_mde: float | None = None) -> Table:
+    """The area under each method's id curve, against the baseline with the power of the comparison
+    (and the seeds a ``target_mde`` needs), and its credit AUC; fills ``data["methods"][m]["area" / "credit_auc"]``."""
     def by_method(value) -> dict[str, dict[str, dict[int, float]]]:
         return {m: {met: _by_seed(rs, lambda r, met=met: value(r, met)) for met in metrics} for m, rs in groups.items()}
 
@@ -186,20 +196,24 @@ def _area_table(groups: dict[str, list[RunData]], data: dict, metrics: Sequence[
         d["area"] = {}
         for met in metrics:
             a = areas[m][met]
-            vs = (_versus(a, areas[baseline][met], seed), _versus(finals[m][met], finals[baseline][met], seed)) \
+            vs = (_versus(a, areas[baseline][met], seed, target_mde),
+                  _versus(finals[m][met], finals[baseline][met], seed, target_mde)) \
                 if baseline and m != baseline else (None, None)
             summary = _summary({ALL: a}, seed) if a else None
             d["area"][met] = {"id": summary and summary.to_dict(), "vs_baseline": vs[0], "final_vs_baseline": vs[1]}
             rows.append([m, met, str(len(a)), _fmt_summary(summary)]
-                        + ((_versus_cells(vs[0]) + _versus_cells(vs[1])[2:]) if baseline else [])
+                        + ((_versus_cells(vs[0]) + ([_seeds_needed_cell(vs[0])] if target_mde else [])
+                            + _versus_cells(vs[1])[2:]) if baseline else [])
                         + [_fmt_dict(d["credit_auc"] and d["credit_auc"]["mean"], 1.0, 3)])
     cols = ["method", "metric", "seeds", "AUC id"]
     if baseline:
-        cols += [f"P(AUC id > {baseline})", "p (Mann-Whitney)", f"AUC id - {baseline}", "MDE AUC",
-                 f"final id - {baseline}", "MDE final"]
+        cols += [f"P(AUC id > {baseline})", "p (Mann-Whitney)", f"AUC id - {baseline}", "MDE AUC"]
+        cols += [f"seeds for MDE AUC <= {100 * target_mde:g}"] if target_mde else []
+        cols += [f"final id - {baseline}", "MDE final"]
     versus = (f"; against {baseline}: probability of improvement over seeds with the two-sided Mann-Whitney p of "
               "P = 0.5, and differences paired by seed with the minimum detectable difference MDE (80% power, 5% "
-              "level, from the observed spread)") if baseline else ""
+              "level, from the observed spread)" + (f" and the paired seeds at which that MDE would reach "
+              f"{100 * target_mde:g} points at the same spread" if target_mde else "")) if baseline else ""
     return Table(f"{title}: area under the id learning curve over iterations (its mean height, %), mean ± std "
                  f"[95% CI] over seeds{versus}; credit AUC: ROC-AUC of the trained advantages against the oracle "
                  "labels, mean [95% CI] over seeds", cols + ["credit AUC"], rows)
@@ -271,12 +285,14 @@ def reported_runs(runs: Sequence[RunData], by: str) -> Covered:
 
 def report_from_runs(
     runs: Sequence[RunData], *, by: str = "algo", baseline: str | None = None, title: str = "report", seed: int = 0,
-    credit: Mapping[int, float] | None = None, metric: str | None = None,
+    credit: Mapping[int, float] | None = None, metric: str | None = None, target_mde: float | None = None,
 ) -> Report:
     """Build the tables from plain run views (pure; ``build_report`` loads them from the store).
 
     ``credit``: run id -> credit ROC-AUC of its trained advantages (runs without one show "-").
     ``metric``: also rank the methods by it (``variants_table``).
+    ``target_mde``: a difference (a fraction, 0.02 = 2 points) for which each comparison against the
+    baseline states the paired seeds its MDE needs at the observed spread.
     """
     runs, left_out, duplicates = reported_runs(runs, by)
     groups: dict[str, list[RunData]] = {}
@@ -355,7 +371,7 @@ def report_from_runs(
     if metric is not None:
         tables.insert(0, variants_table(groups, data, metric, title, seed))
     tables += [_curve_table(groups, data, metrics, title, seed),
-               _area_table(groups, data, metrics, baseline, credit or {}, title, seed)]
+               _area_table(groups, data, metrics, baseline, credit or {}, title, seed, target_mde)]
     return Report(title=title, by=by, baseline=baseline, metrics=metrics, data=data, tables=tables)
 
 
@@ -429,7 +445,7 @@ def to_rich(tables: Sequence[Table]):
 
 
 def build_report(store, experiment: int | str | None = None, by: str = "algo", baseline: str | None = None,
-                 metric: str | None = None) -> Report:
+                 metric: str | None = None, target_mde: float | None = None) -> Report:
     """The report of an experiment's runs (default: every run in the store); a sweep's (or with
     ``metric``) ranks its variants by ``metric`` (default ``success_id``)."""
     if experiment is None:
@@ -442,7 +458,8 @@ def build_report(store, experiment: int | str | None = None, by: str = "algo", b
               if (auc := trained_credit_auc(store, r.run_id)) is not None}
     if metric is None and exp is not None and grid_keys(exp):
         metric = DEFAULT_SWEEP_METRIC
-    report = report_from_runs(runs, by=by, baseline=baseline, title=title, credit=credit, metric=metric)
+    report = report_from_runs(runs, by=by, baseline=baseline, title=title, credit=credit, metric=metric,
+                              target_mde=target_mde)
     report.data["root"] = runs[0].root
     report.data["experiment"] = None if exp is None else {"id": exp["id"], "name": exp["name"],
                                                           "mlflow_run_id": exp["mlflow_run_id"]}
@@ -468,12 +485,14 @@ def log_plots(store, report: Report) -> str | None:
 
 
 def run_report(store, experiment: int | str | None, by: str, fmt: str, baseline: str | None,
-               out_dir: str | Path | None, console, metric: str | None = None) -> Report:
+               out_dir: str | Path | None, console, metric: str | None = None, mde_points: float | None = None) -> Report:
     """``milegpo report``: print the tables in ``fmt``; plots to ``out_dir`` (default
     ``<store root>/report/<experiment id or 'all'>``), logged to the experiment's MLflow parent run."""
     if fmt not in FORMATS:
         raise ExperimentError(f"format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    report = build_report(store, experiment, by, baseline, metric)
+    if mde_points is not None and not mde_points > 0:
+        raise ExperimentError(f"mde: must be > 0 points of success, got {mde_points:g}")
+    report = build_report(store, experiment, by, baseline, metric, None if mde_points is None else mde_points / 100)
     exp = report.data["experiment"]
     plot_report(report, out_dir or Path(report.data["root"]) / "report" / (str(exp["id"]) if exp else "all"))
     log_plots(store, report)

@@ -177,6 +177,24 @@ def minimum_detectable_difference(differences: Sequence[float], *, alpha: float 
     return float(t * d.std(ddof=1) / np.sqrt(n))
 
 
+def seeds_needed(differences: Sequence[float], target: float, *, alpha: float = 0.05, power: float = 0.8,
+                 most: int = 1000) -> int | None:
+    """The smallest number of paired seeds n >= 2 whose MDE, (t_{1-alpha/2, n-1} + t_{power, n-1}) s / sqrt(n)
+    with s the observed std of the paired differences, is at most ``target`` (None: more than ``most``)."""
+    d = np.asarray(differences, dtype=float)
+    if d.ndim != 1 or d.size < 2 or not np.all(np.isfinite(d)):
+        raise StatsError(f"seeds_needed: need >= 2 finite paired differences, got {d.size}")
+    if not target > 0:
+        raise StatsError(f"seeds_needed: the target difference must be > 0, got {target}")
+    s = d.std(ddof=1)
+    if s == 0:
+        return 2
+    n = np.arange(2, most + 1)
+    mde = (stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * s / np.sqrt(n)
+    hit = np.flatnonzero(mde <= target)
+    return int(n[hit[0]]) if hit.size else None
+
+
 def improvement_p_value(x: Sequence[float], y: Sequence[float]) -> float:
     """Two-sided Mann-Whitney U p-value of H0: P(X > Y) + 0.5 P(X = Y) = 1/2 (exact when it can be)."""
     xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
