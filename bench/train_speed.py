@@ -206,13 +206,13 @@ def update_vs_plain(tr, results: dict) -> None:
     run every minibatch of every epoch (no early stop: ``ppo.target_kl`` = 0 here) and, when
     ``kl_coef`` > 0, one reference forward pass over the samples."""
     from milegpo_cli.trainer.ppo import PPOUpdater
-    from milegpo_cli.trainer.rollout import run_episodes
+    from milegpo_cli.trainer.rollout import reward_penalty, run_episodes
 
     c = tr.config
     tr.seeding.seed_everything(1)
     eps = run_episodes(tr.policy, tr.venv, tr.suite.tasks("train", c.rollout.groups, seed=12345), c.rollout.group_size,
                        max_steps=tr.suite.max_steps, success_reward=c.rollout.success_reward,
-                       invalid_penalty=c.policy.invalid_penalty)
+                       invalid_penalty=reward_penalty(c))
     samples = [s for e in eps if not e.errored for s in e.samples]
     adv = np.random.default_rng(0).standard_normal(len(samples))
     policy = tr.policy  # the trainer's last use

@@ -145,6 +145,42 @@ def test_rollout_command_evaluates_a_checkpoint_and_records(tmp_path, models_dir
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("preset", ["", "verl-agent"])
+def test_credit_on_the_recorded_steps_gives_the_advantages_training_stored(preset, tmp_path, models_dir):
+    """``steps[t].reward`` has one meaning (docs/rollouts.md): a run's stored training steps, written as
+    a recording, give under `milegpo credit` with the run's [credit] settings the advantages it stored;
+    `rollout --record` writes the same rewards (the penalty carried by `invalid` under the preset)."""
+    from milegpo_cli.credit import Rollout
+    from milegpo_cli.interchange import run_credit_file, write_rollouts
+    from milegpo_cli.trainer.rollout import INVALID_ACTION
+
+    config = make_config("webshop", tmp_path, models_dir, "run.algo='gigpo'", "run.iterations=1",
+                         "checkpoint.every=1", "policy.action_mode='generate'", "policy.max_new_tokens=3",
+                         f"credit.preset={json.dumps(preset)}")
+    store = RunStore(config.store.db)
+    run_id = loop.train(config, store, config.store.mlflow_uri, console=quiet())
+    steps = store.steps(run_id, iteration=1)
+    rollouts = []
+    for e in store.episodes(run_id, iteration=1):
+        own = [s for s in steps if s["episode_id"] == e["id"]]
+        rollouts.append(Rollout(e["group"], e["index"], [s["state_key"] for s in own], [s["action"] for s in own],
+                                [s["reward"] for s in own], e["outcome"], bool(e["success"]),
+                                invalid=[s["action"] == INVALID_ACTION for s in own], final_state=e["final_state"]))
+    assert any(any(r.invalid) for r in rollouts)  # the tiny model's replies are often unparsable
+    write_rollouts(tmp_path / "train.jsonl", rollouts)
+    run_credit_file(tmp_path / "train.jsonl", tmp_path / "adv.jsonl", "gigpo",
+                    overrides=store.get_run(run_id)["config"]["credit"])
+    computed = [json.loads(x)["advantage"] for x in (tmp_path / "adv.jsonl").read_text().splitlines()]
+    assert computed == pytest.approx([s["advantage"] for s in steps], abs=1e-9)
+
+    record = tmp_path / "eval.jsonl"
+    checkpoint_eval.evaluate(store, run_id, "id", 2, checkpoint=1, record_path=record, console=quiet())
+    invalid_rewards = {s["reward"] for x in record.read_text().splitlines() for s in json.loads(x)["steps"]
+                       if s["invalid"]}
+    assert invalid_rewards <= ({0.0} if preset else {-0.1})
+
+
+@pytest.mark.slow
 def test_warm_start_is_recorded_as_iteration_zero(tmp_path, models_dir):
     config = make_config("webshop", tmp_path, models_dir, "run.iterations=1", "eval.every=1", "checkpoint.every=1",
                          "warmstart.enabled=true", "warmstart.episodes=4", "warmstart.epochs=2", "eval.untrained=true")

@@ -14,14 +14,11 @@ def group_key(group: int) -> str:
     return f"g{group}"
 
 
-def to_rollout(ep: Episode, lift_penalty: float = 0.0) -> Rollout:
-    """The credit package's view of an episode, with its invalid flags and true subgoals. When the
-    estimator applies the invalid-action penalty itself (``credit.invalid_penalty`` > 0, the
-    verl-agent preset), ``lift_penalty`` = the trainer's ``policy.invalid_penalty`` is taken back out
-    of the step rewards so that it is not counted twice."""
+def to_rollout(ep: Episode) -> Rollout:
+    """The credit package's view of an episode, with its invalid flags and true subgoals; its rewards
+    carry the invalid penalty only where the estimator does not apply it (``rollout.reward_penalty``)."""
     return Rollout(group=group_key(ep.group), rollout_id=ep.index, states=list(ep.states),
-                   actions=[a if a is not None else INVALID_ACTION for a in ep.actions],
-                   rewards=[r + (lift_penalty if bad else 0.0) for r, bad in zip(ep.rewards, ep.invalid)],
+                   actions=[a if a is not None else INVALID_ACTION for a in ep.actions], rewards=list(ep.rewards),
                    outcome=ep.score, success=ep.won, invalid=list(ep.invalid),
                    subgoals=[tuple(g) for g in ep.subgoals], final_state=ep.final_state or None)
 

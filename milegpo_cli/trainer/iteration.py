@@ -22,7 +22,7 @@ from milegpo_cli.store.records import CandidateRecord, EpisodeRecord
 from milegpo_cli.trainer.distributed import gather_iteration, group_offset, rank_parts, shard, world_size
 from milegpo_cli.trainer.episode_records import candidate_record, episode_record, to_rollout
 from milegpo_cli.trainer.evaluation import episode_metrics
-from milegpo_cli.trainer.rollout import RolloutStats, run_episodes
+from milegpo_cli.trainer.rollout import RolloutStats, reward_penalty, run_episodes
 from milegpo_cli.trainer.seeding import derive_seed, seed_everything
 from milegpo_cli.trainer.task_pools import ppo_pool
 from milegpo_cli.trainer.threads import torch_threads
@@ -61,15 +61,14 @@ def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite
     with torch_threads(config.rollout.threads):
         episodes = run_episodes(policy, venv, tasks, config.rollout.group_size, max_steps=suite.max_steps,
                                 success_reward=config.rollout.success_reward,
-                                invalid_penalty=config.policy.invalid_penalty, stats=stats, lanes=config.rollout.lanes)
+                                invalid_penalty=reward_penalty(config), stats=stats, lanes=config.rollout.lanes)
     for e in episodes:  # group numbers unique over ranks
         e.group += group_offset(acc, config.rollout.groups)
     t_rollout = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     valid = [e for e in episodes if not e.errored]
-    lift = config.policy.invalid_penalty if config.credit.invalid_penalty > 0 else 0.0
-    batch = RolloutBatch.from_rollouts([to_rollout(e, lift) for e in valid], config.credit.success_threshold)
+    batch = RolloutBatch.from_rollouts([to_rollout(e) for e in valid], config.credit.success_threshold)
     result = compute_advantages(batch, config.run.algo, config.credit, canonical_drop(config.credit.drop))
     t_credit = time.perf_counter() - t0
 
