@@ -5,7 +5,7 @@ randomly initialised Qwen2.5-structured models, with nothing downloaded.
 For each size (0.5b, 1.5b: Qwen2.5-0.5B / 1.5B-Instruct's published configs, vocabulary included;
 toy: the same structure at tiny widths) it builds the model from its config with random weights and
 a byte-level BPE tokenizer trained here (ids past the tokenizer decode to nothing), then runs one
-training iteration of the recipe (trainer.loop.train_iteration: rollouts, credit, PPO update) and
+training iteration of the recipe (trainer.iteration.train_iteration: rollouts, credit, PPO update) and
 measures:
 - rollout: tokens generated per second over the rollout (every reply of a random model runs to
   max_new_tokens), and environment steps per second;
@@ -74,7 +74,7 @@ def check(size: str, root: Path, recipe: str = "alfworld-paper") -> dict:
 
     import milegpo_cli.policy.core as core
     from milegpo_cli.config import load_config
-    from milegpo_cli.trainer import loop
+    from milegpo_cli.trainer import builders, iteration as one_iteration
     from milegpo_cli.trainer.plan import make_plan
     from milegpo_cli.trainer.ppo import PPOUpdater
 
@@ -90,9 +90,9 @@ def check(size: str, root: Path, recipe: str = "alfworld-paper") -> dict:
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    suite = loop.build_suite(config)
-    accelerator = loop.make_accelerator(config)
-    policy = loop.build_policy(config, suite, accelerator.device)
+    suite = builders.build_suite(config)
+    accelerator = builders.make_accelerator(config)
+    policy = builders.build_policy(config, suite, accelerator.device)
     updater = PPOUpdater(policy, config.ppo, accelerator, total_updates=1)
     venv = suite.make_vector_env(groups * group_size, oracle=False)
     generated = [0]
@@ -105,7 +105,7 @@ def check(size: str, root: Path, recipe: str = "alfworld-paper") -> dict:
 
     core.sample_replies = counted  # counts the reply tokens of the real sampler
     try:
-        res = loop.train_iteration(config, policy, updater, venv, loop.train_pool(config, suite), suite, 1)
+        res = one_iteration.train_iteration(config, policy, updater, venv, one_iteration.train_pool(config, suite), suite, 1)
     finally:
         core.sample_replies = sample
         venv.close()

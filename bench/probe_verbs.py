@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from milegpo_cli.config import Config  # noqa: E402
 from milegpo_cli.policy import Policy  # noqa: E402
 from milegpo_cli.store import RunStore  # noqa: E402
-from milegpo_cli.trainer import loop  # noqa: E402
+from milegpo_cli.trainer import builders, resume  # noqa: E402
 from milegpo_cli.trainer.base_policy import ensure_base_policy  # noqa: E402
 from milegpo_cli.trainer.checkpoint import find_checkpoint  # noqa: E402
 from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe  # noqa: E402
@@ -62,13 +62,13 @@ def main() -> None:
     config = Config.from_dict(store.get_run(args.run)["config"])
     if not config.base.enabled or config.warmstart.enabled:
         raise SystemExit(f"run {args.run} did not start from the base policy alone; its start cannot be re-scored here")
-    suite = loop.build_suite(config)
+    suite = builders.build_suite(config)
     try:
         probe = Probe.collect(suite, [args.split], config.eval.episodes, config.eval.probe_states, EVAL_ENVS)
         base = ensure_base_policy(config, suite, "cpu")
     finally:
         suite.close()
-    ckpt = find_checkpoint(loop.checkpoint_root(config, args.run), args.iteration)
+    ckpt = find_checkpoint(resume.checkpoint_root(config, args.run), args.iteration)
     start = probe.state_scores(Policy.start_from(base, config.policy, "cpu"), args.split)
     final = probe.state_scores(Policy.load(ckpt.policy_dir, config.policy, "cpu"), args.split)
     table = by_verb([s.action for s in probe.steps[args.split]], start, final)

@@ -8,7 +8,7 @@ train` (the recipe's cached base policy when [base] is enabled, built first if m
 - bare engine: steps/s of the vector env on the iteration's games, random admissible actions, no
   policy, no cache, no oracle: the baseline's engine (the first wave's: its two memo tables, no
   grammar shortcuts, a new engine per game) and the optimised engine ("fast");
-- per iteration (trainer.loop.train_iteration + a store write on SQLite), baseline then optimised:
+- per iteration (trainer.iteration.train_iteration + a store write on SQLite), baseline then optimised:
   wall time split into env (waiting for the engines), policy, credit, update and store; rollout
   steps/s; cache hit rate. Baseline = ``env.alfworld.cache=false``, ``env.oracle="all"``, the
   grammar shortcuts off (condition-parse memo, shallow context copies), a new engine per game and
@@ -125,27 +125,27 @@ class Trainer:
         from milegpo_cli.config import load_config
         from milegpo_cli.cores import LoadMeter
         from milegpo_cli.store import RunStore
-        from milegpo_cli.trainer import loop
+        from milegpo_cli.trainer import builders, iteration as one_iteration, seeding
         from milegpo_cli.trainer.ppo import PPOUpdater
         from milegpo_cli.trainer.threads import fit_to_cores
 
-        self.loop = loop
+        self.one_iteration, self.seeding = one_iteration, seeding
         # as `milegpo train`: workers, lanes and threads sized to the cores, threads following the load
         self.config = c = fit_to_cores(load_config(recipe, [*sets, f'store.root="{root}"']))
         self.meter = LoadMeter()
-        self.suite = loop.build_suite(c)
+        self.suite = builders.build_suite(c)
         G, N = c.rollout.groups, c.rollout.group_size
         self.venv = self.suite.make_vector_env(G * N, oracle=c.env.oracle)
-        device = loop.make_accelerator(c).device
+        device = builders.make_accelerator(c).device
         if c.base.enabled:  # as `milegpo train`: PPO starts from the recipe's cached base policy
             from milegpo_cli.policy import Policy
             from milegpo_cli.trainer.base_policy import ensure_base_policy
 
             self.policy = Policy.start_from(ensure_base_policy(c, self.suite, device), c.policy, device)
         else:
-            self.policy = loop.build_policy(c, self.suite, device)
-        self.updater = PPOUpdater(self.policy, c.ppo, loop.make_accelerator(c), total_updates=100, threads=c.run.threads)
-        self.pool = loop.train_pool(c, self.suite)
+            self.policy = builders.build_policy(c, self.suite, device)
+        self.updater = PPOUpdater(self.policy, c.ppo, builders.make_accelerator(c), total_updates=100, threads=c.run.threads)
+        self.pool = one_iteration.train_pool(c, self.suite)
         (Path(root) / "bench").mkdir(parents=True, exist_ok=True)
         self.store = RunStore(Path(tempfile.mkdtemp(dir=Path(root) / "bench")) / "runs.db")
         self.run_id = self.store.create_run(name="bench", algo=c.run.algo, seed=c.run.seed, config=c.to_dict())
@@ -155,7 +155,7 @@ class Trainer:
 
         load = follow_load(self.meter)
         set_threads(self.config.run.threads)
-        m = self.loop.train_iteration(self.config, self.policy, self.updater, self.venv, self.pool, self.suite, it)
+        m = self.one_iteration.train_iteration(self.config, self.policy, self.updater, self.venv, self.pool, self.suite, it)
         m.metrics.update(load)
         t0 = time.perf_counter()
         self.store.record_iteration(self.run_id, it, m.metrics, m.episodes, m.candidates)
@@ -206,13 +206,13 @@ def update_vs_plain(tr, results: dict) -> None:
     run every minibatch of every epoch (no early stop: ``ppo.target_kl`` = 0 here) and, when
     ``kl_coef`` > 0, one reference forward pass over the samples."""
     from milegpo_cli.trainer.ppo import PPOUpdater
-    from milegpo_cli.trainer.rollout import run_episodes
+    from milegpo_cli.trainer.rollout import reward_penalty, run_episodes
 
     c = tr.config
-    tr.loop.seed_everything(1)
+    tr.seeding.seed_everything(1)
     eps = run_episodes(tr.policy, tr.venv, tr.suite.tasks("train", c.rollout.groups, seed=12345), c.rollout.group_size,
                        max_steps=tr.suite.max_steps, success_reward=c.rollout.success_reward,
-                       invalid_penalty=c.policy.invalid_penalty)
+                       invalid_penalty=reward_penalty(c))
     samples = [s for e in eps if not e.errored for s in e.samples]
     adv = np.random.default_rng(0).standard_normal(len(samples))
     policy = tr.policy  # the trainer's last use
@@ -241,10 +241,10 @@ def cache_off_rollout(tr, results: dict) -> None:
     tr.suite.config = dataclasses.replace(c.env.alfworld, cache=False)
     tr.venv = tr.suite.make_vector_env(c.rollout.groups * c.rollout.group_size, oracle=c.env.oracle)
     stats = RolloutStats()
-    tr.loop.seed_everything(1)
+    tr.seeding.seed_everything(1)
     t0 = time.perf_counter()
     with torch_threads(c.rollout.threads):
-        run_episodes(tr.policy, tr.venv, tr.loop.sample_tasks(tr.pool, c.rollout.groups, c.run.seed, 1),
+        run_episodes(tr.policy, tr.venv, tr.one_iteration.sample_tasks(tr.pool, c.rollout.groups, c.run.seed, 1),
                      c.rollout.group_size, max_steps=tr.suite.max_steps, success_reward=c.rollout.success_reward,
                      invalid_penalty=c.policy.invalid_penalty, stats=stats, lanes=c.rollout.lanes)
     results["optimised"]["rollout_steps_per_s_cache_off"] = stats.steps / (time.perf_counter() - t0)
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             tr = Trainer(args.recipe, [*args.sets, *sets], args.root)
             c = tr.config
-            tasks = tr.loop.sample_tasks(tr.pool, c.rollout.groups, c.run.seed, 1)
+            tasks = tr.one_iteration.sample_tasks(tr.pool, c.rollout.groups, c.run.seed, 1)
             bare = bare_engine(tr.suite, tasks, c.rollout.group_size)  # also gives the trainer's workers time to start
             if name in ("baseline", "optimised"):
                 results.setdefault("bare", {})[name] = bare

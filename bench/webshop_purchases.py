@@ -18,7 +18,7 @@ from pathlib import Path
 
 from milegpo_cli.config import Config
 from milegpo_cli.store import RunStore
-from milegpo_cli.trainer.loop import build_suite
+from milegpo_cli.trainer.builders import build_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 

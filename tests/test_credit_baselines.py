@@ -161,3 +161,26 @@ def test_hgpo_identical_looping_rollouts_give_zero_by_default_but_not_in_the_rec
     assert np.allclose(compute_advantages(b, "hgpo", CreditConfig(anchor_visits=True, zero_identical=False)).advantage, 0.0)
     # verl-agent: the visits of s at t = 0 and t = 2 share group (s) with different returns
     assert np.abs(compute_advantages(b, "hgpo", CreditConfig(preset="verl-agent")).advantage).max() > 0.1
+
+
+def test_hgpo_an_all_equal_history_group_counts_exactly_zero():
+    """Identical members B, C, D share the history (y, s) with returns 0.1, 0.1, 0.1: its group mean
+    rounds to 0.1 + 1.4e-17, which normalising turned into a non-zero a^2 that diluted a^1."""
+    rollouts = [Rollout("g", 0, ["x", "s"], ["p", "q"], [0.0, 1.0], 1.0, True)] + [
+        Rollout("g", i, ["y", "s"], ["p", "q"], [0.0, 0.1], 0.1, False) for i in (1, 2, 3)]
+    cfg = CreditConfig(**{**HGPO, "anchor_visits": False, "zero_identical": False})
+    res = compute_advantages(RolloutBatch.from_rollouts(rollouts), "hgpo", cfg)
+    returns = np.array([1.0, 0.1, 0.1, 0.1])  # of the four steps at s (level 1)
+    a1 = (returns - returns.mean()) / (returns.std() + EPS)
+    at_s = res.advantage[1::2]
+    assert at_s[1:] == pytest.approx([a1[1] * 2 / (2 + EPS)] * 3, abs=1e-12)  # level 2 left out, not 0.4 x a^1
+
+
+@pytest.mark.parametrize("algo", ["grpo", "gigpo", "graphgpo", "milegpo", "hgpo"])
+@pytest.mark.parametrize("norm", ["mean_std", "mean"])
+def test_a_group_of_equal_returns_gets_exactly_zero(algo, norm):
+    """Three different rollouts of outcome 0.1 and equal rewards: every normalised group is all-equal."""
+    rollouts = [Rollout("g", i, [f"s{i}", f"t{i}"], ["p", f"q{i}"], [0.0, 0.1], 0.1, False) for i in range(3)]
+    cfg = CreditConfig(episode_norm=norm, step_norm=norm, zero_identical=False, anchor_visits=False)
+    res = compute_advantages(RolloutBatch.from_rollouts(rollouts), algo, cfg)
+    assert np.all(res.advantage == 0.0) and np.all(res.episode_advantage == 0.0)

@@ -14,7 +14,7 @@ import torch
 from rich.console import Console
 
 from milegpo_cli.store import RunStore
-from milegpo_cli.trainer import loop
+from milegpo_cli.trainer import loop, builders, rollout as trainer_rollout
 from milegpo_cli.trainer.base_policy import base_fingerprint, base_policy_dir, build_base_policy, ensure_base_policy
 from milegpo_cli.intervals import wilson_interval
 from milegpo_cli.trainer.evaluation import PROBE_STATE_LOGPS, eval_tasks
@@ -32,7 +32,7 @@ def models_dir(tmp_path_factory):
 
 def test_task_pools_are_disjoint_and_drawn_by_the_seed(tmp_path, models_dir):
     config = make_config("webshop", tmp_path, models_dir, "env.webshop.train_instructions=400")
-    suite = loop.build_suite(config)
+    suite = builders.build_suite(config)
     ids = lambda tasks: {t.task_id for t in tasks}  # noqa: E731
     seed0, seed1 = ids(ppo_pool(suite, 16, seed=0)), ids(ppo_pool(suite, 16, seed=1))
     warm, base = ids(warmstart_tasks(suite, 40, seed=0)), ids(base_tasks(suite, 40))
@@ -69,16 +69,16 @@ def test_loss_weights_give_each_episode_equal_weight():
 @pytest.mark.slow
 def test_target_kl_stops_the_update_early(tmp_path, models_dir):
     config = make_config("webshop", tmp_path, models_dir, "rollout.groups=2", "rollout.group_size=4")
-    suite = loop.build_suite(config)
-    policy = loop.build_policy(config, suite, "cpu")
+    suite = builders.build_suite(config)
+    policy = builders.build_policy(config, suite, "cpu")
     venv = suite.make_vector_env(8)
-    episodes = loop.run_episodes(policy, venv, ppo_pool(suite, 2, 0), 4, max_steps=4, success_reward=10,
+    episodes = trainer_rollout.run_episodes(policy, venv, ppo_pool(suite, 2, 0), 4, max_steps=4, success_reward=10,
                                  invalid_penalty=0.1)
     samples = [s for e in episodes for s in e.samples]
     adv = np.where(np.arange(len(samples)) % 2 == 0, 5.0, -5.0)
     strong = {"lr": 5e-2, "epochs": 8, "minibatch_size": 2}
     free = PPOUpdater(policy, strong).update(samples, adv)
-    policy2 = loop.build_policy(config, suite, "cpu")
+    policy2 = builders.build_policy(config, suite, "cpu")
     guarded = PPOUpdater(policy2, {**strong, "target_kl": 1e-3}).update(samples, adv)
     assert free["early_stopped"] == 0.0 and guarded["early_stopped"] == 1.0
     assert 1 <= guarded["optimizer_steps"] < free["optimizer_steps"]
@@ -92,10 +92,10 @@ def test_lora_kl_reference_is_the_warm_started_policy(tmp_path, models_dir):
     config = make_config("webshop", tmp_path, models_dir, "policy.lora=true", "policy.lora_r=4",
                          "policy.lora_targets=['q_proj','v_proj','o_proj','up_proj']",
                          "warmstart.episodes=6", "warmstart.epochs=3", "warmstart.lr=3e-2")
-    suite = loop.build_suite(config)
-    policy = loop.build_policy(config, suite, "cpu")
+    suite = builders.build_suite(config)
+    policy = builders.build_policy(config, suite, "cpu")
     loop.warm_start(config, policy, suite)
-    episodes = loop.run_episodes(policy, suite.make_vector_env(4), ppo_pool(suite, 2, 0), 2, max_steps=4,
+    episodes = trainer_rollout.run_episodes(policy, suite.make_vector_env(4), ppo_pool(suite, 2, 0), 2, max_steps=4,
                                  success_reward=10, invalid_penalty=0.1)
     probe = [s for e in episodes for s in e.samples if len(s.candidate_ids) > 1]
     assert probe
@@ -120,7 +120,7 @@ def test_base_policy_does_not_depend_on_the_callers_rng_or_threads_only_on_its_s
 
     config = make_config("webshop", tmp_path, models_dir, "base.enabled=true", "base.walkthroughs=4", "base.epochs=1")
     reseeded = dataclasses.replace(config, base=dataclasses.replace(config.base, seed=1))
-    suite = loop.build_suite(config)
+    suite = builders.build_suite(config)
     weights = []
     try:
         for cfg, seed, threads in ((config, 1, 1), (config, 2, 2), (reseeded, 1, 1)):
@@ -145,7 +145,7 @@ def test_base_policy_is_built_once_and_ppo_starts_from_it(tmp_path, models_dir):
     extra = ["base.enabled=true", "base.walkthroughs=6", "base.epochs=2", "run.iterations=1", "eval.every=1",
              "checkpoint.every=1", "eval.untrained=true"]
     config = make_config("webshop", tmp_path, models_dir, *extra)
-    suite = loop.build_suite(config)
+    suite = builders.build_suite(config)
     lines: list[str] = []
     folder = ensure_base_policy(config, suite, "cpu", log=lines.append)
     assert any("expert walkthroughs 6/6" in line for line in lines)  # progress of a long build
@@ -196,7 +196,7 @@ def test_probe_leaves_out_the_experts_no_op_steps(tmp_path, models_dir):
     from milegpo_cli.trainer.rollout import expert_walkthroughs
 
     config = make_config("alfworld", tmp_path, models_dir)
-    suite = loop.build_suite(config)
+    suite = builders.build_suite(config)
     venv = suite.make_vector_env(4, oracle=True)
     try:  # the handcoded expert opens every walkthrough with "look", which changes nothing
         raw = expert_walkthroughs(venv, eval_tasks(suite, "id", 4), suite.max_steps)[0]

@@ -46,7 +46,7 @@ def models_dir(tmp_path_factory) -> Path:
     from milegpo_cli.config import load_config
     from milegpo_cli.policy.prompts import template_corpus
     from milegpo_cli.policy.tiny import ensure_tiny_model
-    from milegpo_cli.trainer.loop import build_suite
+    from milegpo_cli.trainer.builders import build_suite
 
     models = tmp_path_factory.mktemp("models")
     config = load_config("webshop", TINY)

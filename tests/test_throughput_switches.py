@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from milegpo_cli.config import load_config
-from milegpo_cli.trainer import loop
+from milegpo_cli.trainer import builders, iteration as one_iteration, seeding
 from milegpo_cli.trainer.ppo import PPOUpdater
 
 os.environ.setdefault("ALFWORLD_DATA", str(Path(__file__).resolve().parents[1] / "runs" / "alfworld_data"))
@@ -27,15 +27,15 @@ def _train(root: Path, switches: list[str], memo: bool):
     engine.install_engine_caches(True, grammar=memo, reuse=memo)
     try:
         config = load_config("alfworld", [*TINY, f"store.root={json.dumps(str(root))}", *switches])
-        suite = loop.build_suite(config)
+        suite = builders.build_suite(config)
         venv = suite.make_vector_env(6, oracle=config.env.oracle)
-        loop.seed_everything(0)
-        policy = loop.build_policy(config, suite, "cpu")
-        updater = PPOUpdater(policy, config.ppo, loop.make_accelerator(config), total_updates=2)
-        pool = loop.train_pool(config, suite)
+        seeding.seed_everything(0)
+        policy = builders.build_policy(config, suite, "cpu")
+        updater = PPOUpdater(policy, config.ppo, builders.make_accelerator(config), total_updates=2)
+        pool = one_iteration.train_pool(config, suite)
         out = []
         for it in (1, 2):
-            res = loop.train_iteration(config, policy, updater, venv, pool, suite, it)
+            res = one_iteration.train_iteration(config, policy, updater, venv, pool, suite, it)
             out.append([(e.task_id, [(s.state_key, s.action, s.reward, s.advantage, s.subgoals) for s in e.steps])
                         for e in res.episodes])
             out.append([s.oracle_good for e in res.episodes for s in e.steps])

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from milegpo_cli.config import load_config
 from milegpo_cli.store import RunStore
-from milegpo_cli.trainer import loop
+from milegpo_cli.trainer import loop, checkpoint_eval, resume
 from milegpo_cli.trainer.checkpoint import list_checkpoints
 
 torch.set_num_threads(1)
@@ -82,7 +82,7 @@ def test_one_iteration_end_to_end(env, algo, tmp_path, models_dir):
     evals = store.evaluations(run_id)
     assert {(e["iteration"], e["split"]) for e in evals} == {(0, "id"), (1, "id")}
     assert all(e["episodes"] == 2 for e in evals)
-    assert [i for i, _ in list_checkpoints(loop.checkpoint_root(config, run_id))] == [1]
+    assert [i for i, _ in list_checkpoints(resume.checkpoint_root(config, run_id))] == [1]
 
 
 @pytest.mark.slow
@@ -120,8 +120,8 @@ def test_resume_after_crash_equals_uninterrupted_run(tmp_path, models_dir, monke
     a_ev = [(e["iteration"], e["split"], e["success_rate"], e["mean_outcome"]) for e in a_store.evaluations(a_id)]
     b_ev = [(e["iteration"], e["split"], e["success_rate"], e["mean_outcome"]) for e in b_store.evaluations(b_id)]
     assert sorted(a_ev) == sorted(b_ev)
-    a_w = torch.load(list_checkpoints(loop.checkpoint_root(a_cfg, a_id))[-1][1] / "trainer.pt", weights_only=False)
-    b_w = torch.load(list_checkpoints(loop.checkpoint_root(b_cfg, b_id))[-1][1] / "trainer.pt", weights_only=False)
+    a_w = torch.load(list_checkpoints(resume.checkpoint_root(a_cfg, a_id))[-1][1] / "trainer.pt", weights_only=False)
+    b_w = torch.load(list_checkpoints(resume.checkpoint_root(b_cfg, b_id))[-1][1] / "trainer.pt", weights_only=False)
     for sa, sb in zip(a_w["optimizer"]["state"].values(), b_w["optimizer"]["state"].values()):
         assert torch.equal(sa["exp_avg"], sb["exp_avg"])
 
@@ -132,7 +132,7 @@ def test_rollout_command_evaluates_a_checkpoint_and_records(tmp_path, models_dir
     store = RunStore(config.store.db)
     run_id = loop.train(config, store, config.store.mlflow_uri, console=quiet())
     record = tmp_path / "rollouts.jsonl"
-    metrics = loop.evaluate(store, run_id, "ood", 3, checkpoint=1, record_path=record, console=quiet())
+    metrics = checkpoint_eval.evaluate(store, run_id, "ood", 3, checkpoint=1, record_path=record, console=quiet())
     assert 0.0 <= metrics["success_rate"] <= 1.0
     ev = [e for e in store.evaluations(run_id) if e["checkpoint"]]
     assert len(ev) == 1 and ev[0]["split"] == "ood" and ev[0]["episodes"] == 3 and ev[0]["iteration"] == 1
@@ -141,7 +141,43 @@ def test_rollout_command_evaluates_a_checkpoint_and_records(tmp_path, models_dir
     assert all(isinstance(s["invalid"], bool) and isinstance(s["subgoals"], list) for x in lines for s in x["steps"])
     assert all(isinstance(x["final_state"], str) and x["final_state"] for x in lines)
     with pytest.raises(Exception, match="no checkpoint for iteration 7"):
-        loop.evaluate(store, run_id, "ood", 3, checkpoint=7, console=quiet())
+        checkpoint_eval.evaluate(store, run_id, "ood", 3, checkpoint=7, console=quiet())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["", "verl-agent"])
+def test_credit_on_the_recorded_steps_gives_the_advantages_training_stored(preset, tmp_path, models_dir):
+    """``steps[t].reward`` has one meaning (docs/rollouts.md): a run's stored training steps, written as
+    a recording, give under `milegpo credit` with the run's [credit] settings the advantages it stored;
+    `rollout --record` writes the same rewards (the penalty carried by `invalid` under the preset)."""
+    from milegpo_cli.credit import Rollout
+    from milegpo_cli.interchange import run_credit_file, write_rollouts
+    from milegpo_cli.trainer.rollout import INVALID_ACTION
+
+    config = make_config("webshop", tmp_path, models_dir, "run.algo='gigpo'", "run.iterations=1",
+                         "checkpoint.every=1", "policy.action_mode='generate'", "policy.max_new_tokens=3",
+                         f"credit.preset={json.dumps(preset)}")
+    store = RunStore(config.store.db)
+    run_id = loop.train(config, store, config.store.mlflow_uri, console=quiet())
+    steps = store.steps(run_id, iteration=1)
+    rollouts = []
+    for e in store.episodes(run_id, iteration=1):
+        own = [s for s in steps if s["episode_id"] == e["id"]]
+        rollouts.append(Rollout(e["group"], e["index"], [s["state_key"] for s in own], [s["action"] for s in own],
+                                [s["reward"] for s in own], e["outcome"], bool(e["success"]),
+                                invalid=[s["action"] == INVALID_ACTION for s in own], final_state=e["final_state"]))
+    assert any(any(r.invalid) for r in rollouts)  # the tiny model's replies are often unparsable
+    write_rollouts(tmp_path / "train.jsonl", rollouts)
+    run_credit_file(tmp_path / "train.jsonl", tmp_path / "adv.jsonl", "gigpo",
+                    overrides=store.get_run(run_id)["config"]["credit"])
+    computed = [json.loads(x)["advantage"] for x in (tmp_path / "adv.jsonl").read_text().splitlines()]
+    assert computed == pytest.approx([s["advantage"] for s in steps], abs=1e-9)
+
+    record = tmp_path / "eval.jsonl"
+    checkpoint_eval.evaluate(store, run_id, "id", 2, checkpoint=1, record_path=record, console=quiet())
+    invalid_rewards = {s["reward"] for x in record.read_text().splitlines() for s in json.loads(x)["steps"]
+                       if s["invalid"]}
+    assert invalid_rewards <= ({0.0} if preset else {-0.1})
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import torch
 from envs.base import VectorEnv
 from envs.webshop import WebshopConfig, WebshopSuite
 from milegpo_cli.policy import Policy
-from milegpo_cli.trainer import loop
+from milegpo_cli.trainer import episode_records, evaluation, seeding
 from milegpo_cli.trainer.rollout import INVALID_ACTION, expert_walkthroughs, lane_slots, run_episodes
 
 torch.set_num_threads(1)
@@ -93,7 +93,7 @@ def test_episodes_record_the_real_state_after_their_last_step(suite, models):
         for a in e.actions:
             [res] = replay.step([a if a is not None else INVALID_ACTION])
         assert e.final_state and e.final_state == res.observation.state_key
-        assert loop.to_rollout(e).final_state == loop.episode_record(e).final_state == e.final_state
+        assert episode_records.to_rollout(e).final_state == episode_records.episode_record(e).final_state == e.final_state
 
 
 def test_invalid_generate_replies_are_penalised_not_crashes(suite, models):
@@ -108,7 +108,7 @@ def test_invalid_generate_replies_are_penalised_not_crashes(suite, models):
     assert all(r == pytest.approx(-0.1) and bad for _, r, bad in invalid)
     assert all(e.length == suite.max_steps for e in eps if not e.won)  # no-op steps count
     ep = next(e for e in eps if None in e.actions)
-    rec = loop.episode_record(ep)
+    rec = episode_records.episode_record(ep)
     assert [s.action == INVALID_ACTION for s in rec.steps] == [a is None for a in ep.actions]
 
 
@@ -120,7 +120,7 @@ def test_engine_error_marks_episode_errored_and_out_of_credit(suite, models):
                        success_reward=10.0, invalid_penalty=0.1)
     assert eps[1].errored and eps[1].length == 2 and "engine crashed" in eps[1].error
     assert not any(e.errored for i, e in enumerate(eps) if i != 1)
-    metrics = loop.episode_metrics(eps)
+    metrics = evaluation.episode_metrics(eps)
     assert metrics["errored"] == 1.0 and metrics["episodes"] == 4.0
 
 
@@ -133,8 +133,8 @@ def test_expert_walkthroughs_follow_the_oracle(suite):
 
 
 def test_derived_seeds_are_pure_and_distinct():
-    assert loop.derive_seed(0, "iteration", 1) == loop.derive_seed(0, "iteration", 1)
-    assert len({loop.derive_seed(s, "iteration", i) for s in range(3) for i in range(50)}) == 150
+    assert seeding.derive_seed(0, "iteration", 1) == seeding.derive_seed(0, "iteration", 1)
+    assert len({seeding.derive_seed(s, "iteration", i) for s in range(3) for i in range(50)}) == 150
 
 
 def test_lanes_split_groups_into_contiguous_blocks():

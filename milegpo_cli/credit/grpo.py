@@ -12,10 +12,17 @@ def group_stats(values: np.ndarray, groups: np.ndarray, num_groups: int, unbiase
     """Count, mean and standard deviation of ``values`` per group id (two-pass, vectorised).
 
     Deviations are divided by their group's largest |deviation| before squaring, so the sum of
-    squares cannot overflow for any finite input (batch.MAX_MAGNITUDE bounds the values).
+    squares cannot overflow for any finite input (batch.MAX_MAGNITUDE bounds the values). The mean
+    of a group whose values are all equal is that value exactly, so every deviation in it is exactly
+    0 (summing and dividing can leave a rounding residue that normalising would blow up).
     """
     n = np.bincount(groups, minlength=num_groups)
     mean = np.bincount(groups, weights=values, minlength=num_groups) / np.maximum(n, 1)
+    low, high = np.full(num_groups, np.inf), np.full(num_groups, -np.inf)
+    np.minimum.at(low, groups, values)
+    np.maximum.at(high, groups, values)
+    equal = (n > 0) & (low == high)
+    mean[equal] = low[equal]
     dev = values - mean[groups]
     scale = np.zeros(num_groups)
     np.maximum.at(scale, groups, np.abs(dev))

@@ -123,7 +123,7 @@ def member_key(cfg: dict, grid: Sequence[str]) -> tuple:
 
 def _register(store, tracker, cfg: Config, exp_id: int, parent: str | None) -> int:
     """Create the member's store run and its MLflow child run (train() then resumes both)."""
-    from milegpo_cli.trainer.loop import _git_commit, _versions, run_name
+    from milegpo_cli.trainer.provenance import git_commit as _git_commit, package_versions as _versions, run_name
 
     rid = store.create_run(name=run_name(cfg), algo=cfg.run.algo, seed=cfg.run.seed, recipe=cfg.recipe,
                            config=cfg.to_dict(), drop=cfg.credit.drop, git_commit=_git_commit(),

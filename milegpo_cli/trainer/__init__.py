@@ -1,1 +1,1 @@
-"""The shared core trainer: group rollouts, PPO update, checkpoints, the iteration loop."""
+"""The shared core trainer: group rollouts, PPO update, checkpoints, one iteration, the run."""

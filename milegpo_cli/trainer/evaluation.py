@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from milegpo_cli.intervals import wilson_interval
-from milegpo_cli.trainer.rollout import Episode, RolloutStats, expert_walkthroughs, run_episodes
+from milegpo_cli.trainer.rollout import Episode, RolloutStats, expert_walkthroughs, reward_penalty, run_episodes
 from milegpo_cli.trainer.threads import torch_threads
 
 EVAL_TASK_SEED = 0  # the fixed evaluation task lists do not depend on the run seed
@@ -78,7 +78,7 @@ def run_evaluation(config, policy, venv, suite, split: str, episodes: int, seed:
         for start in range(0, len(tasks), venv.num_envs):
             chunk = run_episodes(policy, venv, tasks[start:start + venv.num_envs], 1, max_steps=suite.max_steps,
                                  success_reward=config.rollout.success_reward,
-                                 invalid_penalty=config.policy.invalid_penalty, greedy=config.eval.greedy,
+                                 invalid_penalty=reward_penalty(config), greedy=config.eval.greedy,
                                  temperature=config.eval.temperature, stats=stats, lanes=config.rollout.lanes)
             for ep in chunk:
                 ep.group += start

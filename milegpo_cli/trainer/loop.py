@@ -1,4 +1,5 @@
-"""The training loop (docs/architecture.md, "One training iteration"): rollouts -> credit -> PPO -> store + MLflow.
+"""A training run (`milegpo train`): open or resume the run, then iterate (one iteration:
+trainer/iteration.py), evaluate, checkpoint, store + MLflow.
 
 Where PPO starts: the cached base policy (``[base]``, trainer/base_policy.py), else the untrained
 model, optionally followed by a per-run supervised warm start (``[warmstart]``). Evaluations
@@ -24,220 +25,30 @@ every rank's episodes and alone writes the store, MLflow and checkpoints (traine
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-import math
-import random
 import time
-from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
-
-import numpy as np
-import torch
+from typing import Any
 
 from milegpo_cli.errors import MilegpoError, StoreError
-from envs.faults import fault_point
 from milegpo_cli.config import Config
-from milegpo_cli.credit import Rollout, RolloutBatch, compute_advantages
-from milegpo_cli.credit.config import canonical_drop
-from milegpo_cli.run_folder import relative_to_folder, reroot, resume_command
-from milegpo_cli.store.records import CandidateRecord, EpisodeRecord, StepRecord
-from milegpo_cli.trainer.distributed import (gather_iteration, group_offset, rank_parts, shard,
-                                             world_size)
-from milegpo_cli.trainer.checkpoint import (DiskFull, check_owner, claim_folder, find_checkpoint, save_checkpoint,
-                                           set_rng_state)
+from milegpo_cli.run_folder import relative_to_folder, resume_command
+from milegpo_cli.trainer.builders import build_policy, build_suite, make_accelerator
+from milegpo_cli.trainer.checkpoint import DiskFull, claim_folder, save_checkpoint, set_rng_state
+from milegpo_cli.trainer.episode_records import episode_record
+from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe, format_success, run_evaluation
+from milegpo_cli.trainer.iteration import numeric_metrics, train_iteration, train_pool
+from milegpo_cli.trainer.provenance import run_name
 from milegpo_cli.trainer.resume import checkpoint_root, load_resume, open_run, stopped
-from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe, episode_metrics, format_success, run_evaluation
-from milegpo_cli.trainer.rollout import INVALID_ACTION, Episode, RolloutStats, expert_walkthroughs, run_episodes
+from milegpo_cli.trainer.rollout import expert_walkthroughs
+from milegpo_cli.trainer.seeding import derive_seed, seed_everything
 from milegpo_cli.cores import LoadMeter
-from milegpo_cli.trainer.threads import fit_to_cores, follow_load, set_threads, torch_threads
-from milegpo_cli.trainer.task_pools import ppo_pool, warmstart_tasks
+from milegpo_cli.trainer.threads import fit_to_cores, follow_load, set_threads
+from milegpo_cli.trainer.task_pools import warmstart_tasks
 
 
 class TrainError(MilegpoError, RuntimeError):
     """Training cannot go on (e.g. too many consecutive bad updates)."""
-
-
-# --- seeding ------------------------------------------------------------------------------
-
-def derive_seed(seed: int, *parts: Any) -> int:
-    """A 63-bit seed from the run seed and a path of labels (pure: same inputs, same seed)."""
-    h = hashlib.sha256(json.dumps([seed, *parts]).encode()).digest()
-    return int.from_bytes(h[:8], "little") >> 1
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-# --- conversions --------------------------------------------------------------------------
-
-def group_key(group: int) -> str:
-    return f"g{group}"
-
-
-def to_rollout(ep: Episode, lift_penalty: float = 0.0) -> Rollout:
-    """The credit package's view of an episode, with its invalid flags and true subgoals. When the
-    estimator applies the invalid-action penalty itself (``credit.invalid_penalty`` > 0, the
-    verl-agent preset), ``lift_penalty`` = the trainer's ``policy.invalid_penalty`` is taken back out
-    of the step rewards so that it is not counted twice."""
-    return Rollout(group=group_key(ep.group), rollout_id=ep.index, states=list(ep.states),
-                   actions=[a if a is not None else INVALID_ACTION for a in ep.actions],
-                   rewards=[r + (lift_penalty if bad else 0.0) for r, bad in zip(ep.rewards, ep.invalid)],
-                   outcome=ep.score, success=ep.won, invalid=list(ep.invalid),
-                   subgoals=[tuple(g) for g in ep.subgoals], final_state=ep.final_state or None)
-
-
-def episode_record(ep: Episode, parts: dict[str, np.ndarray] | None = None, offset: int = 0) -> EpisodeRecord:
-    """Store record of an episode; ``parts`` are CreditResult arrays, this episode's steps from ``offset``."""
-    steps = []
-    for t in range(ep.length):
-        row = {} if parts is None else {
-            "advantage": float(parts["advantage"][offset + t]),
-            "episode_advantage": float(parts["episode_advantage"][offset + t]),
-            "step_advantage": float(parts["step_advantage"][offset + t]),
-            "credit": float(parts["credit"][offset + t]),
-            "milestone": bool(parts["milestone"][offset + t]),
-            "trap": bool(parts["trap"][offset + t]),
-            "progress": int(parts["progress"][offset + t]),
-            "branch": int(parts["branch"][offset + t]),
-            "unverified": bool(parts["unverified"][offset + t]),
-        }
-        steps.append(StepRecord(t=t, state_key=ep.states[t], action=ep.actions[t] or INVALID_ACTION,
-                                reward=ep.rewards[t], oracle_good=ep.oracle[t], subgoals=ep.subgoals[t], **row))
-    return EpisodeRecord(task_id=ep.task.task_id, split=ep.task.split, task_type=ep.task.task_type,
-                         group=group_key(ep.group), index=ep.index, outcome=ep.score, success=ep.won,
-                         length=ep.length, invalid_count=sum(ep.invalid), error=ep.error, steps=steps,
-                         final_state=ep.final_state or None)
-
-
-def _share(x: float) -> float | None:
-    return None if math.isnan(x) else float(x)
-
-
-def candidate_record(c) -> CandidateRecord:
-    return CandidateRecord(group=c.group, key=c.key, kind=c.kind, n_pos=int(c.n_pos), n_neg=int(c.n_neg),
-                           rho=float(c.rho), distance=None if math.isinf(c.distance) else float(c.distance),
-                           progress_ok=_share(c.progress_ok), branch_ok=_share(c.branch_ok),
-                           credit=float(c.credit))
-
-
-# --- one iteration ------------------------------------------------------------------------
-
-@dataclass
-class IterationResult:
-    metrics: dict[str, float]
-    episodes: list[EpisodeRecord]
-    candidates: list[CandidateRecord]
-
-
-def train_pool(config: Config, suite) -> list:
-    """The run seed's PPO task pool of ``rollout.train_tasks`` tasks (trainer/task_pools.py)."""
-    return ppo_pool(suite, config.rollout.train_tasks, config.run.seed)
-
-
-def sample_tasks(pool: Sequence, groups: int, seed: int, iteration: int) -> list:
-    """G distinct tasks of the pool for ``iteration``: a pure function of (seed, iteration)."""
-    rng = np.random.default_rng(derive_seed(seed, "tasks", iteration))
-    return [pool[i] for i in rng.choice(len(pool), size=groups, replace=False)]
-
-
-def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite, iteration: int) -> IterationResult:
-    """Sample tasks for ``iteration``, roll out G x N episodes, assign credit, update the policy."""
-    acc = updater.accelerator  # data parallel (trainer/distributed.py): this rank's block of the K x G tasks
-    seed_everything(derive_seed(config.run.seed, "iteration", iteration, *rank_parts(acc)))
-    tasks = shard(sample_tasks(pool, config.rollout.groups * world_size(acc), config.run.seed, iteration), acc)
-    stats = RolloutStats()
-    t0 = time.perf_counter()
-    with torch_threads(config.rollout.threads):
-        episodes = run_episodes(policy, venv, tasks, config.rollout.group_size, max_steps=suite.max_steps,
-                                success_reward=config.rollout.success_reward,
-                                invalid_penalty=config.policy.invalid_penalty, stats=stats, lanes=config.rollout.lanes)
-    for e in episodes:  # group numbers unique over ranks
-        e.group += group_offset(acc, config.rollout.groups)
-    t_rollout = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    valid = [e for e in episodes if not e.errored]
-    lift = config.policy.invalid_penalty if config.credit.invalid_penalty > 0 else 0.0
-    batch = RolloutBatch.from_rollouts([to_rollout(e, lift) for e in valid], config.credit.success_threshold)
-    result = compute_advantages(batch, config.run.algo, config.credit, canonical_drop(config.credit.drop))
-    t_credit = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    samples = [s for e in valid for s in e.samples]
-    advantages = torch.as_tensor(result.advantage, dtype=torch.float32)
-    if fault_point("ppo.advantages"):  # test-only: non-finite advantages (envs/faults.py)
-        advantages = torch.full_like(advantages, float("nan"))
-    weights = np.concatenate([np.full(e.length, 1.0 / e.length) for e in valid]) \
-        if config.ppo.loss_agg == "episode-mean" and samples else None
-    update = updater.update(samples, advantages, weights) if samples else {}
-    t_update = time.perf_counter() - t0
-
-    parts = {k: getattr(result, k) for k in ("advantage", "episode_advantage", "step_advantage", "credit",
-                                              "milestone", "trap", "progress", "branch", "unverified")}
-    records, offset = [], 0
-    for e in episodes:
-        if e.errored:
-            records.append(episode_record(e))
-        else:
-            records.append(episode_record(e, parts, offset))
-            offset += e.length
-    every = gather_iteration(episodes, records, [candidate_record(c) for c in result.candidates], stats.steps,
-                             policy.model, acc)  # all ranks' output (one process: this one's)
-    total = t_rollout + t_credit + t_update
-    metrics = {
-        **episode_metrics(every.episodes),
-        **_numeric(update),
-        **({"skipped_reason": update["skipped_reason"]} if "skipped_reason" in update else {}),
-        "milestones": float(sum(c.kind == "milestone" for c in every.candidates)),
-        "traps": float(sum(c.kind == "trap" for c in every.candidates)),
-        "credit_nonzero_share": float(np.mean(result.credit != 0)) if batch.num_steps else 0.0,
-        "steps": float(every.steps),
-        "world_size": float(every.world_size),
-        **({"weights_equal_across_ranks": float(every.weights_equal)} if every.world_size > 1 else {}),
-        "time_rollout_s": t_rollout,
-        "time_credit_s": t_credit,
-        "time_update_s": t_update,
-        "time_policy_s": stats.policy_s,
-        "time_env_s": stats.env_s,
-        "credit_time_share": t_credit / total if total > 0 else 0.0,
-        "rollout_steps_per_s": stats.steps / t_rollout if t_rollout > 0 else 0.0,
-        "cache_hit_rate": stats.cache_hits / stats.steps if stats.steps else 0.0,
-    }
-    return IterationResult(metrics, every.records, every.candidates)
-
-
-# --- the run ------------------------------------------------------------------------------
-
-def build_suite(config: Config):
-    from envs.registry import make_suite
-
-    env = config.env
-    return make_suite(env.name, alfworld=env.alfworld, webshop=env.webshop, max_steps=env.max_steps)
-
-
-def make_accelerator(config: Config):
-    from accelerate import Accelerator
-
-    return Accelerator(mixed_precision=config.run.mixed_precision, cpu=config.run.device == "cpu")
-
-
-def build_policy(config: Config, suite, device, policy_dir: Path | None = None):
-    from transformers.utils import logging as hf_logging
-
-    from milegpo_cli.policy import Policy
-
-    hf_logging.disable_progress_bar()
-
-    if policy_dir is not None:
-        return Policy.load(policy_dir, config.policy, device=device)
-    return Policy.from_config(config.policy, suite.text_corpus(), cache_dir=Path(config.store.root) / "models",
-                              device=device)
 
 
 def warm_start(config: Config, policy, suite) -> dict[str, float]:
@@ -255,39 +66,6 @@ def warm_start(config: Config, policy, suite) -> dict[str, float]:
     out = supervised_warm_start(policy, steps, ws.epochs, ws.lr)
     return {**out, "warmstart_walkthroughs": float(len(tasks)), "warmstart_expert_won": float(won)}
 
-
-
-def _numeric(metrics: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float, np.number))}
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for pkg in ("milegpo", "torch", "transformers", "peft", "accelerate", "tokenizers", "numpy", "mlflow",
-                "sqlalchemy", "alfworld", "textworld", "kernels"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    return out
-
-
-def _git_commit() -> str | None:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def run_name(config: Config) -> str:
-    drop = "-".join(sorted(config.credit.drop))
-    base = config.run.name or f"{Path(config.recipe).stem or config.env.name}-{config.run.algo}"
-    return f"{base}{'-drop-' + drop if drop and not config.run.name else ''}-s{config.run.seed}"
 
 
 def _progress(console):
@@ -373,11 +151,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
     set_threads(config.run.threads)
     accelerator = make_accelerator(config)
     main = accelerator.is_main_process  # only the main process writes the store, MLflow and checkpoints
-    opened = open_run(config, store, tracker_uri or config.store.mlflow_uri, run_id, ckpt, main, accelerator,
-                      run_name(config), lambda: store.create_run(
-                          name=run_name(config), algo=config.run.algo, seed=config.run.seed, recipe=config.recipe,
-                          config=config.to_dict(), drop=config.credit.drop, git_commit=_git_commit(),
-                          versions=_versions()), _git_commit)
+    opened = open_run(config, store, tracker_uri or config.store.mlflow_uri, run_id, ckpt, main, accelerator)
     run_id, tracker = opened.run_id, opened.tracker
     plain = not console.is_terminal  # nohup, CI, a cluster job: one plain line per iteration
     log = partial(console.print, soft_wrap=True)
@@ -403,7 +177,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
                                                checkpoint_root(config, run_id), log)
             if made and main:  # iteration 0: how the starting policy was made
                 store.record_iteration(run_id, 0, {"phase": "warmstart", **made})
-                tracker.log_metrics(_numeric(made), step=0)
+                tracker.log_metrics(numeric_metrics(made), step=0)
         else:
             policy = build_policy(config, suite, accelerator.device, ckpt.policy_dir)
             start = ckpt.iteration
@@ -494,40 +268,3 @@ def print_summary(store, run_id: int, console, score: bool = False) -> None:
         console.print(f"{split}: success {format_success(first)} at the start -> "
                       f"{format_success(last)} at iteration {last['iteration']}{extra}")
 
-
-# --- `milegpo rollout` ----------------------------------------------------------------------
-
-def evaluate(store, run_id: int | str, split: str, episodes: int, checkpoint: int | None = None,
-             record_path: str | Path | None = None, console=None, root: str | Path | None = None) -> dict[str, float]:
-    """Evaluate a stored run's checkpoint on ``episodes`` fixed tasks of ``split``; store the
-    evaluation; with ``record_path`` write the rollouts in the interchange format (docs/rollouts.md).
-    ``root``: the run folder in use (run_folder.py), None: the stored one."""
-    from rich.console import Console
-
-    from milegpo_cli.interchange import write_rollouts
-
-    console = console or Console()
-    row = store.get_run(run_id)
-    rid, config = int(row["id"]), reroot(Config.from_dict(row["config"]), root)
-    if episodes < 1:
-        raise ValueError(f"episodes: must be >= 1, got {episodes}")
-    check_owner(checkpoint_root(config, rid), row.get("mlflow_run_id"))
-    ckpt = find_checkpoint(checkpoint_root(config, rid), checkpoint)
-    set_threads(config.run.threads)
-    config = fit_to_cores(config)
-    suite = build_suite(config)
-    venv = suite.make_vector_env(min(episodes, 32), oracle=True)
-    try:
-        policy = build_policy(config, suite, make_accelerator(config).device, ckpt.policy_dir)
-        metrics, played = run_evaluation(config, policy, venv, suite, split, episodes,
-                                         seed=derive_seed(config.run.seed, "rollout", ckpt.iteration, split))
-    finally:
-        venv.close()
-        suite.close()
-    store.record_evaluation(rid, split, metrics, [episode_record(e) for e in played], iteration=ckpt.iteration,
-                            checkpoint=relative_to_folder(ckpt.path, config.store.root), phase="train")
-    if record_path is not None:
-        write_rollouts(record_path, [replace(to_rollout(e), group=e.task.task_id, rollout_id=0) for e in played])
-    console.print(f"run {rid} checkpoint {ckpt.iteration}: {split} success {metrics['success_rate']:.3f} "
-                  f"(score {metrics['mean_outcome']:.3f}) over {len(played)} episodes")
-    return metrics

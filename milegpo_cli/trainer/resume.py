@@ -11,7 +11,6 @@ folder of another store's run of the same id (trainer/checkpoint.py, ``owner.jso
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from milegpo_cli.run_folder import reroot, resume_command
 from milegpo_cli.store.locks import RunLock, refuse_if_held
 from milegpo_cli.trainer.checkpoint import Checkpoint, CheckpointError, check_owner, latest_checkpoint
 from milegpo_cli.trainer.distributed import broadcast_object
+from milegpo_cli.trainer.provenance import git_commit, package_versions, run_name
 
 
 def checkpoint_root(config: Config, run_id: int) -> Path:
@@ -62,8 +62,15 @@ class OpenedRun:
     mlflow_run_id: str | None  # the run's MLflow run id (main process), which owns its checkpoint folder
 
 
+def create_run(config: Config, store) -> int:
+    """Register a new run of ``config`` in the store, with its name, git commit and package versions."""
+    return store.create_run(name=run_name(config), algo=config.run.algo, seed=config.run.seed, recipe=config.recipe,
+                            config=config.to_dict(), drop=config.credit.drop, git_commit=git_commit(),
+                            versions=package_versions())
+
+
 def open_run(config: Config, store, tracker_uri: str, run_id: int | None, ckpt: Checkpoint | None, main: bool,
-             accelerator, name: str, create: Callable[[], int], git_commit: Callable[[], str | None]) -> OpenedRun:
+             accelerator) -> OpenedRun:
     """Create (``run_id`` None) or resume a run, in the order of the module docstring; the run is then
     ``running`` and locked by this process (main process only; other ranks get the id)."""
     from milegpo_cli.store.tracking import Tracker
@@ -71,7 +78,7 @@ def open_run(config: Config, store, tracker_uri: str, run_id: int | None, ckpt: 
     tracker = Tracker(tracker_uri) if main else None
     new = run_id is None
     if new:
-        run_id = broadcast_object(create() if main else None, accelerator)
+        run_id = broadcast_object(create_run(config, store) if main else None, accelerator)
     if not main:
         return OpenedRun(run_id, None, None, None)
     lock = RunLock(store, run_id).acquire()
@@ -82,7 +89,7 @@ def open_run(config: Config, store, tracker_uri: str, run_id: int | None, ckpt: 
             tracker.resume(mlflow_id)
         else:
             versions = row["versions"] or {}  # the stack a figure can be traced to
-            mlflow_id = tracker.start_run(name, params=config.to_dict(), tags={
+            mlflow_id = tracker.start_run(run_name(config), params=config.to_dict(), tags={
                 "milegpo.run_id": run_id, **{f"version.{k}": v for k, v in versions.items()}})
             store.set_mlflow_run_id(run_id, mlflow_id)
         if not new:

@@ -3,7 +3,7 @@
 All G*N episodes live in one VectorEnv; at every step one batched ``policy.act`` call serves every
 episode still running. Reward convention (verl-agent): ``success_reward`` x success on the
 terminal step (WebShop: success means score 1; the raw score is kept in ``score``), minus
-``invalid_penalty`` on a step whose reply was unparsable or inadmissible (the engine receives the
+``invalid_penalty`` (:func:`reward_penalty`) on a step whose reply was unparsable or inadmissible (the engine receives the
 never-admissible ``INVALID_ACTION`` and answers it as a no-op, counting the step). An engine error (``StepResult.error``) ends the episode and marks
 it errored: it is stored but left out of credit assignment and the update.
 """
@@ -17,6 +17,13 @@ from typing import Any, Callable, Sequence
 from envs.base import StepResult, Task, VectorEnv
 
 INVALID_ACTION = "<invalid>"  # sent to the engine for an unparsable reply (never admissible: a no-op step)
+
+
+def reward_penalty(config) -> float:
+    """The penalty folded into the reward of an invalid step (docs/rollouts.md, ``steps[t].reward``):
+    ``policy.invalid_penalty``, or 0 when the estimator applies its own from the ``invalid`` flags
+    (``credit.invalid_penalty`` > 0, the verl-agent preset), so that it is counted once."""
+    return 0.0 if config.credit.invalid_penalty > 0 else config.policy.invalid_penalty
 
 
 @dataclass

@@ -1,0 +1,57 @@
+"""Played episodes as the credit package's :class:`Rollout` and as the store's records."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from milegpo_cli.credit import Rollout
+from milegpo_cli.store.records import CandidateRecord, EpisodeRecord, StepRecord
+from milegpo_cli.trainer.rollout import INVALID_ACTION, Episode
+
+
+def group_key(group: int) -> str:
+    return f"g{group}"
+
+
+def to_rollout(ep: Episode) -> Rollout:
+    """The credit package's view of an episode, with its invalid flags and true subgoals; its rewards
+    carry the invalid penalty only where the estimator does not apply it (``rollout.reward_penalty``)."""
+    return Rollout(group=group_key(ep.group), rollout_id=ep.index, states=list(ep.states),
+                   actions=[a if a is not None else INVALID_ACTION for a in ep.actions], rewards=list(ep.rewards),
+                   outcome=ep.score, success=ep.won, invalid=list(ep.invalid),
+                   subgoals=[tuple(g) for g in ep.subgoals], final_state=ep.final_state or None)
+
+
+def episode_record(ep: Episode, parts: dict[str, np.ndarray] | None = None, offset: int = 0) -> EpisodeRecord:
+    """Store record of an episode; ``parts`` are CreditResult arrays, this episode's steps from ``offset``."""
+    steps = []
+    for t in range(ep.length):
+        row = {} if parts is None else {
+            "advantage": float(parts["advantage"][offset + t]),
+            "episode_advantage": float(parts["episode_advantage"][offset + t]),
+            "step_advantage": float(parts["step_advantage"][offset + t]),
+            "credit": float(parts["credit"][offset + t]),
+            "milestone": bool(parts["milestone"][offset + t]),
+            "trap": bool(parts["trap"][offset + t]),
+            "progress": int(parts["progress"][offset + t]),
+            "branch": int(parts["branch"][offset + t]),
+            "unverified": bool(parts["unverified"][offset + t]),
+        }
+        steps.append(StepRecord(t=t, state_key=ep.states[t], action=ep.actions[t] or INVALID_ACTION,
+                                reward=ep.rewards[t], oracle_good=ep.oracle[t], subgoals=ep.subgoals[t], **row))
+    return EpisodeRecord(task_id=ep.task.task_id, split=ep.task.split, task_type=ep.task.task_type,
+                         group=group_key(ep.group), index=ep.index, outcome=ep.score, success=ep.won,
+                         length=ep.length, invalid_count=sum(ep.invalid), error=ep.error, steps=steps,
+                         final_state=ep.final_state or None)
+
+
+def _none_if_nan(x: float) -> float | None:
+    return None if math.isnan(x) else float(x)
+
+
+def candidate_record(c) -> CandidateRecord:
+    return CandidateRecord(group=c.group, key=c.key, kind=c.kind, n_pos=int(c.n_pos), n_neg=int(c.n_neg),
+                           rho=float(c.rho), distance=None if math.isinf(c.distance) else float(c.distance),
+                           progress_ok=_none_if_nan(c.progress_ok), branch_ok=_none_if_nan(c.branch_ok),
+                           credit=float(c.credit))
