@@ -42,7 +42,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
     from credit_diagnostics import recipe_credit, rollouts_path
-    from milegpo_cli.experiments import credit_bench as cb
+    from milegpo_cli.experiments import credit_bench as cb, credit_recording
 
     results = {"command": " ".join(["python bench/baseline_conventions.py", *sys.argv[1:]]),
                "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "anchor_visits": {}, "graph_final": {}}
@@ -53,7 +53,7 @@ def main() -> None:
             on = cb.Variant(f"{algo} anchor_visits=on", algo, config=replace(base, anchor_visits=True))
             variants += [on, cb.Variant(f"{algo} anchor_visits=off", algo, config=replace(base, anchor_visits=False),
                                         reference=on.name)]
-        rec = cb.Recording.from_records(cb.read_records(rollouts_path(env)))
+        rec = cb.Recording.from_records(credit_recording.read_records(rollouts_path(env)))
         results["anchor_visits"][env] = table(rec, variants, args.resamples)
         print(f"{env}: anchor_visits done", flush=True)
     for item in args.final:
@@ -67,7 +67,7 @@ def main() -> None:
         preset = cb.Variant("graphgpo preset=verl-agent", "graphgpo",
                             config=replace(base, preset="verl-agent", graph_gamma={"alfworld": 0.1}.get(env, 0.2)),
                             reference="graphgpo graph_final=fail")
-        rec = cb.Recording.from_records(cb.read_records(path))
+        rec = cb.Recording.from_records(credit_recording.read_records(path))
         results["graph_final"][env] = {"recording": path, **table(rec, variants + [preset], args.resamples)}
         print(f"{env}: graph_final done", flush=True)
     RESULTS.mkdir(exist_ok=True)

@@ -46,7 +46,7 @@ def make_suite(env: str, workers: int, max_steps: int | None):
 
 
 def cmd_record(args) -> None:
-    from milegpo_cli.experiments.credit_bench import record
+    from milegpo_cli.experiments.credit_recording import record
     suite = make_suite(args.env, args.workers, args.max_steps)
     t0 = time.perf_counter()
     tasks = suite.tasks(args.split, args.tasks, seed=args.seed)
@@ -72,13 +72,13 @@ def recipe_credit(env: str):
 
 
 def cmd_analyse(args) -> None:
-    from milegpo_cli.experiments import credit_bench as cb
+    from milegpo_cli.experiments import credit_bench as cb, credit_bench_report, credit_recording
     results = {"command": " ".join(["python bench/credit_diagnostics.py analyse", *sys.argv[2:]]),
                "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": platform.python_version(),
                "resamples": args.resamples, "sweep_resamples": args.sweep_resamples, "envs": {}}
     csv_rows = []
     for env in args.envs:
-        records = cb.read_records(rollouts_path(env))
+        records = credit_recording.read_records(rollouts_path(env))
         if not records:
             raise SystemExit(f"no recording for {env}: run `record --env {env}` first")
         rec = cb.Recording.from_records(records)
@@ -113,7 +113,7 @@ def cmd_analyse(args) -> None:
     (RESULTS / "credit_diagnostics.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
     _write_csv(RESULTS / "credit_diagnostics.csv", csv_rows)
     _write_csv(RESULTS / "credit_sweep.csv", [r for e in results["envs"].values() for r in e.get("sweep", [])])
-    Path(args.doc).write_text(cb.render_markdown(results) + "\n")
+    Path(args.doc).write_text(credit_bench_report.render_markdown(results) + "\n")
     print(f"wrote {RESULTS / 'credit_diagnostics.csv'} and {args.doc}")
 
 

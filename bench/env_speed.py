@@ -65,7 +65,7 @@ def _group_throughput(suite, task, workers: int, group: int, rng) -> tuple[float
 
 def bench_alfworld(games: int = 3, steps: int = 60, group: int = 8) -> list[dict]:
     from envs.alfworld import AlfworldConfig, AlfworldSuite
-    from envs.alfworld import engine
+    from envs.alfworld import engine_caches, game_env
     rows: list[dict] = []
 
     def row(metric, value, unit, detail=""):
@@ -79,11 +79,11 @@ def bench_alfworld(games: int = 3, steps: int = 60, group: int = 8) -> list[dict
     row("generate_per_game", (time.perf_counter() - t) / games, "s", "incl. expert verification (0 if cached)")
     rng = random.Random(0)
     for caches in (False, True):
-        engine.install_engine_caches(caches)
+        engine_caches.install_engine_caches(caches)
         tag = "caches on" if caches else "caches off"
         loads, resets, steps_t = [], [], []
         for task in tasks:
-            env = engine.GameEnv(None, suite.max_steps)
+            env = game_env.GameEnv(None, suite.max_steps)
             t = time.perf_counter()
             env.reset(task.payload["gamefile"])
             loads.append(time.perf_counter() - t)
@@ -97,8 +97,8 @@ def bench_alfworld(games: int = 3, steps: int = 60, group: int = 8) -> list[dict
         row("reset_same_game", statistics.mean(resets), "s", tag)
         row("step_mean", 1000 * statistics.mean(steps_t), "ms", tag)
         row("step_p95", 1000 * sorted(steps_t)[int(0.95 * len(steps_t))], "ms", tag)
-    engine.install_engine_caches(True)
-    oracle_env = engine.GameEnv(suite.config.expert, suite.max_steps)
+    engine_caches.install_engine_caches(True)
+    oracle_env = game_env.GameEnv(suite.config.expert, suite.max_steps)
     times = _random_episode(_Single(oracle_env, tasks[0]), tasks[0], rng, steps)
     oracle_env.close()
     row("step_mean_oracle", 1000 * statistics.mean(times), "ms", f"expert={suite.config.expert}")
@@ -109,7 +109,7 @@ def bench_alfworld(games: int = 3, steps: int = 60, group: int = 8) -> list[dict
     rss0 = _rss_mb()
     envs = []
     for i in range(20):
-        e = engine.GameEnv(None, suite.max_steps)
+        e = game_env.GameEnv(None, suite.max_steps)
         e.reset(tasks[i % len(tasks)].payload["gamefile"])
         envs.append(e)
     row("memory_per_env", (_rss_mb() - rss0) / len(envs), "MB", "20 loaded envs in one process")

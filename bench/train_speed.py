@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--contend: must be >= 0")
     os.environ.setdefault("ALFWORLD_DATA", str(HERE.parent / "runs" / "alfworld_data"))
     Path(args.root).mkdir(parents=True, exist_ok=True)
-    from envs.alfworld import engine
+    from envs.alfworld import engine_caches
     from milegpo_cli.policy import actions
 
     torch.set_num_threads(1)
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         configs = {"baseline": BASELINE, "optimised": [], "optimised_1thread": ONE_THREAD}
     for name, sets in configs.items():
         fast = name != "baseline"
-        engine.install_engine_caches(True, grammar=fast, reuse=fast)
+        engine_caches.install_engine_caches(True, grammar=fast, reuse=fast)
         actions.SPLIT_FORWARD = fast
         neighbours = spinners(args.contend) if name == "contended" else []
         try:

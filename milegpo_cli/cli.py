@@ -9,7 +9,6 @@ prints one JSON document on stdout and nothing else there (docs/cli.md). Help is
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import signal
 import sys
@@ -21,7 +20,7 @@ from rich.console import Console
 
 from envs.base import EnvError
 from milegpo_cli.config import Config, credit_overrides, default_db_url, default_tracking_uri, load_config
-from milegpo_cli.errors import MilegpoError, RunStopped
+from milegpo_cli.errors import MilegpoError, RunStopped, StoreError
 from milegpo_cli.relaunch import ensure_cpu_processes
 from milegpo_cli.run_folder import command_root, reroot
 
@@ -63,19 +62,6 @@ def _command(fn: Callable) -> Callable:
             while _opened_stores:
                 _opened_stores.pop().close()
     return wrapper
-
-
-def _engine(module: str, name: str) -> Callable:
-    """A function of a module built by another part of the project; exit 1 while it is missing."""
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        if err.name and module.startswith(err.name):
-            raise _fail(f"{module} is not available yet", 1) from None
-        raise
-    if not hasattr(mod, name):
-        raise _fail(f"{module}.{name} is not available yet", 1)
-    return getattr(mod, name)
 
 
 # --- shared options ------------------------------------------------------------------------------
@@ -151,10 +137,26 @@ def _json_format(fmt: str, as_json: bool) -> str:
     return "json" if as_json else fmt
 
 
+def _refuse_stored_options(ctx: typer.Context, run_id: int, config: Config, iterations: int | None) -> None:
+    """``train --resume`` continues with the run's stored config: an option that it fixes is refused in
+    one line, never ignored (--iterations: unless it equals the stored count)."""
+    from click.core import ParameterSource
+
+    given = [p for p in ctx.command.params if p.name in ("recipe", "sets", "algo", "seed", "model", "drop")
+             and ctx.get_parameter_source(p.name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
+    if given:
+        raise _fail(f"--resume: {given[0].opts[0]} cannot be given: run {run_id} continues with its stored config "
+                    "(only --db, --mlflow-uri and --runs-dir may change)", 2)
+    if iterations is not None and iterations != config.run.iterations:
+        raise _fail(f"--resume: --iterations {iterations} cannot be given: run {run_id} trains "
+                    f"{config.run.iterations} iterations (its stored config); extending a run is not supported, "
+                    "train a new run to train longer", 2)
+
+
 # --- training and evaluation ---------------------------------------------------------------------
 @app.command()
 @_command
-def train(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, algo: AlgoOpt = None, seed: SeedOpt = None,
+def train(ctx: typer.Context, recipe: RecipeOpt = "alfworld", sets: SetOpt = None, algo: AlgoOpt = None, seed: SeedOpt = None,
           model: ModelOpt = None, iterations: ItersOpt = None, drop: DropOpt = None, db: DbOpt = None,
           mlflow_uri: MlflowOpt = None, runs_dir: RunsDirOpt = None,
           resume: Annotated[Optional[str], typer.Option("--resume", metavar="RUN",
@@ -170,7 +172,8 @@ def train(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, algo: AlgoOpt = N
     if dry_run:
         if resume is not None:
             raise _fail("--dry-run and --resume exclude each other", 2)
-        describe = _engine("milegpo_cli.trainer.plan", "describe")
+        from milegpo_cli.trainer.plan import describe
+
         typer.echo(describe(_config(recipe, sets, algo, seed, model, iterations, drop, db, mlflow_uri, runs_dir)))
         return
     if resume is None:
@@ -181,12 +184,14 @@ def train(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, algo: AlgoOpt = N
         store = _store(db, runs_dir)
         run = store.get_run(resume)
         resume_id, config = run["id"], reroot(Config.from_dict(run["config"]), command_root(runs_dir, db))
+        _refuse_stored_options(ctx, resume_id, config, iterations)
     _engine_data(config.store.root)
     from milegpo_cli.store.tracking import probe_server
 
     probe_server(mlflow_uri or config.store.mlflow_uri)  # in seconds, before the trainer loads (docs/reliability.md)
-    train_fn = _engine("milegpo_cli.trainer.loop", "train")
-    run_id = train_fn(config, store, mlflow_uri or config.store.mlflow_uri, resume_id, console)
+    from milegpo_cli.trainer.loop import train as train_run
+
+    run_id = train_run(config, store, mlflow_uri or config.store.mlflow_uri, resume_id, console)
     console.print(f"run {run_id} done  (milegpo runs show {run_id})")
 
 
@@ -209,7 +214,8 @@ def rollout(run: Annotated[str, typer.Option("--run", metavar="RUN", help="Run i
         OutputFile(record, "--record", {"the store": store.file})
     root = command_root(runs_dir, db)
     _engine_data(reroot(Config.from_dict(store.get_run(run)["config"]), root).store.root)
-    evaluate = _engine("milegpo_cli.trainer.loop", "evaluate")
+    from milegpo_cli.trainer.checkpoint_eval import evaluate
+
     evaluate(store, store.get_run(run)["id"], split, episodes, checkpoint, record, console, root=root)
 
 
@@ -237,7 +243,8 @@ def credit(input_arg: Annotated[Optional[Path], typer.Argument(
     """
     if (input_arg is None) == (input_opt is None):
         raise _fail("credit: give the rollouts file once, as INPUT or as --input FILE", 2)
-    run_credit_file = _engine("milegpo_cli.interchange", "run_credit_file")
+    from milegpo_cli.interchange import run_credit_file
+
     summary = run_credit_file(input_arg or input_opt, output, algo, drop or [], credit_overrides(sets or []), milestones)
     for warning in summary.pop("warnings", ()):
         typer.secho(f"warning: {warning}", fg="yellow", err=True)
@@ -294,7 +301,8 @@ def ablate(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, drop: DropOpt = 
     config = _config(recipe, sets, algo, None, model, iterations, None, db, mlflow_uri, runs_dir)
     _runs_folder(config)
     _engine_data(config.store.root)
-    run_ablate = _engine("milegpo_cli.experiments.ablate", "run_ablate")
+    from milegpo_cli.experiments.ablate import run_ablate
+
     run_ablate(config, _store(config.store.db, runs_dir, create=True), config.store.mlflow_uri, (drop or None) if ablations else [],
                seeds, console,
                algos=baselines or None, parallel=parallel, ray=ray_options)
@@ -319,7 +327,8 @@ def sweep(grid: Annotated[list[str], typer.Option(
     config = _config(recipe, sets, algo, None, model, iterations, drop, db, mlflow_uri, runs_dir)
     _runs_folder(config)
     _engine_data(config.store.root)
-    run_sweep = _engine("milegpo_cli.experiments.sweep", "run_sweep")
+    from milegpo_cli.experiments.sweep import run_sweep
+
     run_sweep(config, _store(config.store.db, runs_dir, create=True), config.store.mlflow_uri, grid, seeds, console,
               parallel=parallel, ray=ray_options)
 
@@ -342,7 +351,8 @@ def diagnose(run: RunArg,
     recall of the advantages against the oracle labels.
     """
     fmt = _json_format(fmt, as_json)
-    run_diagnose = _engine("milegpo_cli.experiments.diagnose", "run_diagnose")
+    from milegpo_cli.experiments.diagnose import run_diagnose
+
     run_diagnose(_store(db, runs_dir, reader=True), run, iteration, fmt, out, console)
 
 
@@ -356,7 +366,8 @@ def compare(refs: Annotated[list[str], typer.Argument(metavar="RUN...", hidden=T
 
     RUN...: run ids or names, or experiments (exp:<id|name>, or a name that is no run).
     """
-    run_compare = _engine("milegpo_cli.experiments.compare", "run_compare")
+    from milegpo_cli.experiments.compare import run_compare
+
     run_compare(_store(db, runs_dir, reader=True), refs, out, console, fmt=_json_format("table", as_json))
 
 
@@ -387,7 +398,8 @@ def report(experiment: Annotated[Optional[str], typer.Option(
     a 95% CI; IQM, ID-to-OOD gap and probability of improvement over a baseline.
     """
     fmt = _json_format(fmt, as_json)
-    run_report = _engine("milegpo_cli.experiments.report", "run_report")
+    from milegpo_cli.experiments.report import run_report
+
     run_report(_store(db, runs_dir, reader=True), experiment, by, fmt, baseline, out, console, metric, mde)
 
 
@@ -400,7 +412,13 @@ def runs_list(ctx: typer.Context, as_json: JsonOpt = False, db: DbOpt = None, ru
         return
     from milegpo_cli.experiments.runs import list_doc, list_table
 
-    doc = list_doc(_store(db, runs_dir, reader=True))
+    try:
+        doc = list_doc(_store(db, runs_dir, reader=True))
+    except StoreError as err:
+        if not str(err).startswith("no store at"):  # a folder without a store lists nothing (creating nothing)
+            raise
+        typer.echo(f"{err}: no runs yet", err=True)
+        doc = []
     _print_json(doc) if as_json else console.print(list_table(doc))
 
 
@@ -468,8 +486,9 @@ def envs_generate(env: Annotated[str, typer.Option("--env", metavar="ENV", help=
     config = _config(recipe or env, sets, runs_dir=runs_dir)
     _runs_folder(config)
     _engine_data(config.store.root)  # before the engine's import, which creates ALFWORLD_DATA
-    generate_games = _engine("envs.alfworld", "generate_games")
     from rich.progress import Progress
+
+    from envs.alfworld import generate_games
 
     with Progress(console=console) as bar:
         task = bar.add_task(f"alfworld {split}", total=n)
@@ -487,7 +506,9 @@ def policy_build_base(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, runs_
     config = _config(recipe, sets, runs_dir=runs_dir)
     _runs_folder(config)
     _engine_data(config.store.root)
-    folder, metrics = _engine("milegpo_cli.trainer.base_policy", "build_for_recipe")(config, console.print)
+    from milegpo_cli.trainer.base_policy import build_for_recipe
+
+    folder, metrics = build_for_recipe(config, console.print)
     console.print(f"base policy {folder}: " + "  ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
 
 

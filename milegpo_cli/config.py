@@ -20,11 +20,11 @@ from typing import Any, Literal, Mapping
 
 from envs.alfworld.config import AlfworldConfig
 from envs.webshop.config import WebshopConfig
-from milegpo_cli.credit.config import CreditConfig
+from milegpo_cli.credit import ALGORITHMS
+from milegpo_cli.credit.config import CreditConfig, check_preset
 from milegpo_cli.errors import ConfigError
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
-ALGORITHMS = ("grpo", "gigpo", "graphgpo", "milegpo", "hgpo")  # = milegpo_cli.credit.ALGORITHMS (tested)
 SPLITS = ("train", "id", "ood")  # the task splits of every environment (envs/*/suite.py)
 
 
@@ -41,7 +41,7 @@ def _positive(obj: Any, *names: str) -> None:
 @dataclass(frozen=True)
 class RunConfig:
     name: str = ""  # "" -> the trainer names the run from recipe, algo and seed
-    algo: Literal["grpo", "gigpo", "graphgpo", "milegpo", "hgpo"] = "milegpo"
+    algo: Literal[ALGORITHMS] = "milegpo"
     seed: int = 0
     iterations: int = 20
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:1" ... (accelerate decides under launch)
@@ -146,9 +146,10 @@ class PPOConfig:
         _check(self.micro_batch_size >= 0, "micro_batch_size", f"must be >= 0, got {self.micro_batch_size}")
         _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         _check(self.target_kl >= 0, "target_kl", f"must be >= 0, got {self.target_kl}")
-        _check(self.clip > 0, "clip", f"must be > 0, got {self.clip}")
+        _check(0 < self.clip < 1, "clip", f"must be in (0, 1), got {self.clip}")
         _check(self.clip_c > 1, "clip_c", f"must be > 1, got {self.clip_c}")
-        for name in ("warmup_iterations", "kl_coef", "entropy_coef", "max_grad_norm", "weight_decay"):
+        _check(self.max_grad_norm > 0, "max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
+        for name in ("warmup_iterations", "kl_coef", "entropy_coef", "weight_decay"):
             _check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
 
 
@@ -397,6 +398,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 def credit_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """``milegpo credit --set [credit.]key=value`` -> validated {key: value} of the [credit] section."""
     values = {k.removeprefix("credit."): v for k, v in map(parse_override, overrides)}
+    _check_preset(values, "credit.")
     build(CreditConfig, values, "credit.")
     return values
 
@@ -426,7 +428,17 @@ def load_config(recipe: str | Path, overrides: list[str] | tuple[str, ...] = (),
         if value is not None:
             _apply(data, key, value)
     data["recipe"] = str(recipe)
+    _check_preset(data.get("credit"), "credit.")
     return Config.from_dict(data)
+
+
+def _check_preset(credit: Any, prefix: str) -> None:
+    """The recipe's and the overrides' [credit] keys against the preset's (credit/config.py)."""
+    if isinstance(credit, Mapping):
+        try:
+            check_preset(dict(credit))
+        except ValueError as err:
+            raise ConfigError(f"{prefix}{err}") from None
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -6,7 +6,8 @@ import pytest
 
 os.environ.setdefault("ALFWORLD_DATA", os.path.abspath("runs/alfworld_data"))
 
-from envs.alfworld.engine import AlfworldVectorEnv, TransitionCache  # noqa: E402
+from envs.alfworld.engine import AlfworldVectorEnv  # noqa: E402
+from envs.alfworld.game_env import TransitionCache  # noqa: E402
 from envs.registry import make_suite  # noqa: E402
 
 
@@ -54,42 +55,42 @@ def test_cache_on_and_off_give_identical_episodes(tasks):
 
 
 def test_grammar_shortcuts_give_identical_episodes(tasks):
-    from envs.alfworld import engine
+    from envs.alfworld import engine_caches
 
     runs = {}
     try:
         for grammar in (False, True):
-            engine.install_engine_caches(True, grammar=grammar)
+            engine_caches.install_engine_caches(True, grammar=grammar)
             venv = AlfworldVectorEnv(3, expert="planner", max_steps=12, workers=0, expert_slots=1, cache_size=0)
             try:
                 runs[grammar] = _walks(venv, tasks, seed=5, episodes=4)
             finally:
                 venv.close()
     finally:
-        engine.install_engine_caches(True)
+        engine_caches.install_engine_caches(True)
     assert runs[False] == runs[True]
 
 
 def test_a_reused_engine_plays_a_new_game_as_a_fresh_one(tasks):
-    from envs.alfworld import engine
+    from envs.alfworld import engine_caches
 
     order = [tasks[0], tasks[1], tasks[0]]
     runs = {}
     try:
         for reuse in (False, True):
-            engine.install_engine_caches(True, reuse=reuse)
+            engine_caches.install_engine_caches(True, reuse=reuse)
             venv = AlfworldVectorEnv(1, expert="planner", max_steps=12, workers=0, cache_size=0)
             try:
                 runs[reuse] = [_walks(venv, [task], seed=k, episodes=1) for k, task in enumerate(order)]
             finally:
                 venv.close()
     finally:
-        engine.install_engine_caches(True)
+        engine_caches.install_engine_caches(True)
     assert runs[False] == runs[True]
 
 
 def test_cache_hits_skip_the_engine_and_survive_eviction(tasks):
-    from envs.alfworld import engine
+    from envs.alfworld import game_env
 
     venv = AlfworldVectorEnv(3, max_steps=12, workers=0, cache_size=7)  # tiny: evictions and replays
     cache = venv._cache
@@ -103,7 +104,7 @@ def test_cache_hits_skip_the_engine_and_survive_eviction(tasks):
         assert len(cache._edges) <= 7 and cache.hits > 0
     finally:
         venv.close()
-    big = engine.transition_cache(50_000)
+    big = game_env.transition_cache(50_000)
     venv = AlfworldVectorEnv(4, max_steps=12, workers=0, cache_size=50_000)
     try:
         _walks(venv, tasks, seed=9, episodes=2)

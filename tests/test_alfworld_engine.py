@@ -10,7 +10,8 @@ os.environ.setdefault("ALFWORLD_DATA", os.path.abspath("runs/alfworld_data"))
 
 from envs.alfworld import AlfworldConfig  # noqa: E402
 from envs.alfworld import generator, oracle  # noqa: E402
-from envs.alfworld.engine import AlfworldVectorEnv, GameEnv  # noqa: E402
+from envs.alfworld.engine import AlfworldVectorEnv  # noqa: E402
+from envs.alfworld.game_env import GameEnv  # noqa: E402
 from envs.alfworld.suite import AlfworldSuite  # noqa: E402
 from envs.base import Task  # noqa: E402
 from envs.registry import make_suite  # noqa: E402

@@ -8,7 +8,7 @@ os.environ.setdefault("ALFWORLD_DATA", os.path.abspath("runs/alfworld_data"))
 
 from envs.alfworld import TASK_TYPES, AlfworldConfig  # noqa: E402
 from envs.alfworld import generator  # noqa: E402
-from envs.alfworld.engine import GameEnv  # noqa: E402
+from envs.alfworld.game_env import GameEnv  # noqa: E402
 from envs.alfworld.splits import combo_is_ood_only  # noqa: E402
 from envs.alfworld.suite import AlfworldSuite  # noqa: E402
 from envs.base import EnvError  # noqa: E402

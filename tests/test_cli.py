@@ -87,8 +87,8 @@ def test_installed_script_help_and_empty_runs(tmp_path):
     for name in COMMANDS:
         assert name in result.stdout
     result = run_script("runs", cwd=tmp_path)  # the default store, ./runs/milegpo.db: none yet, none created
-    assert result.returncode == 2 and not (tmp_path / "runs").exists()
-    assert result.stderr.strip() == "error: no store at runs/milegpo.db (check --runs-dir / --db)"
+    assert result.returncode == 0 and not (tmp_path / "runs").exists()
+    assert result.stderr.strip() == "no store at runs/milegpo.db (check --runs-dir / --db): no runs yet"
     RunStore(tmp_path / "runs" / "milegpo.db").close()
     result = run_script("runs", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -309,3 +309,34 @@ def test_ablate_drop_and_no_ablations_exclude_each_other(tmp_path):
     assert result.exit_code == 2, result.output
     assert "--drop and --no-ablations exclude each other" in result.output
     assert not (tmp_path / "milegpo.db").exists()  # refused before anything is created
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_runs_on_a_folder_without_a_store_lists_nothing_and_creates_nothing(tmp_path, as_json):
+    result = runner.invoke(app, ["runs", *(["--json"] if as_json else []), "--runs-dir", str(tmp_path / "none")])
+    assert result.exit_code == 0, result.output
+    if as_json:
+        assert json.loads(result.stdout) == []
+    else:
+        assert "runs" in result.stdout and "status" in result.stdout
+    assert result.stderr.strip().splitlines() == [f"no store at {tmp_path / 'none' / 'milegpo.db'} (check --runs-dir / "
+                                                  "--db): no runs yet"]
+    assert not (tmp_path / "none").exists()
+    shown = runner.invoke(app, ["runs", "show", "1", "--runs-dir", str(tmp_path / "none")])
+    assert shown.exit_code == 2 and shown.stderr.startswith("error: no store at")
+
+
+@pytest.mark.parametrize("args, option", [(["--iterations", "32"], "--iterations 32"), (["--algo", "grpo"], "--algo"),
+                                          (["--set", "ppo.lr=0.1"], "--set"), (["--seed", "3"], "--seed")])
+def test_resume_refuses_an_option_its_stored_config_fixes(tmp_path, args, option):
+    from milegpo_cli.config import load_config
+
+    config = load_config("webshop", [f"store.root={json.dumps(str(tmp_path))}", "run.iterations=2"])
+    store = RunStore(tmp_path / "milegpo.db")
+    run_id = store.create_run(name="r", algo="milegpo", config=config.to_dict())
+    store.close()
+    result = runner.invoke(app, ["train", "--resume", str(run_id), *args, "--runs-dir", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --resume: {option} cannot be given: run {run_id}"), lines
+    assert RunStore(tmp_path / "milegpo.db").get_run(run_id)["status"] == "created"

@@ -1,11 +1,12 @@
 """Recipe loading, overrides and validation errors (milegpo_cli/config.py)."""
 import dataclasses
+import re
 import typing
 
 import pytest
 
-from milegpo_cli.config import (ALGORITHMS, RECIPES_DIR, Config, RunConfig, available_recipes, flatten, load_config,
-                                parse_override, parse_value)
+from milegpo_cli.config import (ALGORITHMS, RECIPES_DIR, Config, RunConfig, available_recipes, credit_overrides, flatten,
+                                load_config, parse_override, parse_value)
 from milegpo_cli.errors import ConfigError
 
 
@@ -155,3 +156,23 @@ def test_algorithms_match_the_credit_registry():
 
     assert tuple(REGISTERED) == ALGORITHMS
     assert typing.get_args(typing.get_type_hints(RunConfig)["algo"]) == ALGORITHMS
+
+
+@pytest.mark.parametrize("recipe, sets, message", [
+    ("alfworld", ['credit.preset="verl-agent"', "credit.gamma=0.5"],
+     "credit.gamma: 0.5 conflicts with preset 'verl-agent', which sets gamma = 0.95"),
+    ("alfworld", ["credit.gamma=0.5", 'credit.preset="verl-agent"'], "credit.gamma: 0.5 conflicts"),
+    ("alfworld", ['credit.preset="verl-agent"', 'credit.episode_stats="rollouts"'],  # the default, given
+     "credit.episode_stats: 'rollouts' conflicts with preset 'verl-agent', which sets episode_stats = 'steps'"),
+    ("alfworld", ['credit.preset="verl-agent"', 'credit.step_norm="mean"'], "credit.step_norm: 'mean' conflicts"),
+])
+def test_a_preset_refuses_a_value_the_user_gave(recipe, sets, message):
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}"):
+        load_config(recipe, sets)
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}"):
+        credit_overrides(sets)
+
+
+def test_a_preset_takes_values_equal_to_its_own():
+    config = load_config("webshop", ['credit.preset="verl-agent"', "credit.gamma=0.95"])  # step_norm = episode_norm
+    assert (config.credit.gamma, config.credit.step_norm, config.credit.episode_stats) == (0.95, "mean", "steps")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from envs.webshop import WebshopConfig, WebshopSuite
-from milegpo_cli.experiments import credit_bench as cb
+from milegpo_cli.experiments import credit_bench as cb, credit_bench_report, credit_recording
 from milegpo_cli.experiments.diagnostics import roc_auc, sign_accuracy
 
 P = (0.0, 0.5, 1.0)
@@ -20,9 +20,9 @@ def recording(tmp_path_factory):
     suite = WebshopSuite(WebshopConfig(seed=0, num_products=300, train_instructions=50, eval_instructions=10))
     tasks = suite.tasks("train", 6, seed=0)
     path = tmp_path_factory.mktemp("bench") / "rollouts_webshop.jsonl.gz"
-    first = cb.record(suite, tasks, P, path, group_size=GROUP, seed=0, log=lambda s: None)
-    again = cb.record(suite, tasks, P, path, group_size=GROUP, seed=0, log=lambda s: None)
-    return first, again, cb.read_records(path)
+    first = credit_recording.record(suite, tasks, P, path, group_size=GROUP, seed=0, log=lambda s: None)
+    again = credit_recording.record(suite, tasks, P, path, group_size=GROUP, seed=0, log=lambda s: None)
+    return first, again, credit_recording.read_records(path)
 
 
 def test_record_resumes_and_stores_labels(recording):
@@ -66,7 +66,7 @@ def test_table_has_every_method_with_valid_intervals(recording):
     by = {r["method"]: r for r in rows}
     assert by["grpo"]["tie_share"] == 1.0  # GRPO has no step advantage: every same-state pair ties
     assert by["milegpo"]["auc"] > 0.5  # MileGPO's credit points towards the oracle's actions
-    md = cb.render_markdown({"command": "test", "generated": "now", "resamples": 200, "sweep_resamples": 0,
+    md = credit_bench_report.render_markdown({"command": "test", "generated": "now", "resamples": 200, "sweep_resamples": 0,
                              "envs": {"webshop": {"settings": {}, "recording": cb.recording_summary(rec),
                                                   "rows": [{"subset": "all", **r} for r in rows] +
                                                           [{"subset": s, **r} for s in ("p=0", "p=0.5", "p=1")
@@ -91,22 +91,22 @@ def test_fast_bootstrap_agrees_with_diagnostics():
 
 
 def test_bad_input():
-    with pytest.raises(cb.CreditBenchError, match="p: must be in"):
-        cb.record_group(None, None, 1.5, 4, 0)
-    with pytest.raises(cb.CreditBenchError, match="no rollouts"):
+    with pytest.raises(credit_recording.CreditBenchError, match="p: must be in"):
+        credit_recording.record_group(None, None, 1.5, 4, 0)
+    with pytest.raises(credit_recording.CreditBenchError, match="no rollouts"):
         cb.evaluate(cb.Recording([], [], [], np.zeros(0), [], 0), cb.default_variants("webshop"))
-    with pytest.raises(cb.CreditBenchError, match="group_size"):
-        cb.record(None, [], P, "x.jsonl", group_size=1)
+    with pytest.raises(credit_recording.CreditBenchError, match="group_size"):
+        credit_recording.record(None, [], P, "x.jsonl", group_size=1)
     obs = type("O", (), {"oracle_actions": (), "admissible": ()})()
-    with pytest.raises(cb.CreditBenchError, match="no admissible"):
-        cb.expert_or_random(obs, 0.5, random.Random(0))
+    with pytest.raises(credit_recording.CreditBenchError, match="no admissible"):
+        credit_recording.expert_or_random(obs, 0.5, random.Random(0))
 
 
 def test_formulation_switches_only_on_a_clear_win_everywhere():
     win = {"value": 0.02, "low": 0.01, "high": 0.03}
     unclear = {"value": 0.02, "low": -0.01, "high": 0.05}
     loss = {"value": -0.02, "low": -0.03, "high": -0.01}
-    assert cb.choose_formulation({"alfworld": win, "webshop": win}, "v3") == "paper"
-    assert cb.choose_formulation({"alfworld": win, "webshop": unclear}, "v3") == "v3"
-    assert cb.choose_formulation({"alfworld": loss, "webshop": loss}, "paper") == "v3"
-    assert cb.choose_formulation({"alfworld": win}, "paper") == "paper"
+    assert credit_bench_report.choose_formulation({"alfworld": win, "webshop": win}, "v3") == "paper"
+    assert credit_bench_report.choose_formulation({"alfworld": win, "webshop": unclear}, "v3") == "v3"
+    assert credit_bench_report.choose_formulation({"alfworld": loss, "webshop": loss}, "paper") == "v3"
+    assert credit_bench_report.choose_formulation({"alfworld": win}, "paper") == "paper"

@@ -13,6 +13,7 @@ import pytest
 import torch
 from rich.console import Console
 
+from milegpo_cli.config import PPOConfig
 from milegpo_cli.store import RunStore
 from milegpo_cli.trainer import loop, builders, rollout as trainer_rollout
 from milegpo_cli.trainer.base_policy import base_fingerprint, base_policy_dir, build_base_policy, ensure_base_policy
@@ -76,10 +77,10 @@ def test_target_kl_stops_the_update_early(tmp_path, models_dir):
                                  invalid_penalty=0.1)
     samples = [s for e in episodes for s in e.samples]
     adv = np.where(np.arange(len(samples)) % 2 == 0, 5.0, -5.0)
-    strong = {"lr": 5e-2, "epochs": 8, "minibatch_size": 2}
+    strong = PPOConfig(lr=5e-2, epochs=8, minibatch_size=2)
     free = PPOUpdater(policy, strong).update(samples, adv)
     policy2 = builders.build_policy(config, suite, "cpu")
-    guarded = PPOUpdater(policy2, {**strong, "target_kl": 1e-3}).update(samples, adv)
+    guarded = PPOUpdater(policy2, dataclasses.replace(strong, target_kl=1e-3)).update(samples, adv)
     assert free["early_stopped"] == 0.0 and guarded["early_stopped"] == 1.0
     assert 1 <= guarded["optimizer_steps"] < free["optimizer_steps"]
     for key in ("grad_norm", "grad_norm_max", "clip_frac", "approx_kl", "entropy", "adv_mean", "adv_std",

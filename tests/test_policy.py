@@ -268,15 +268,15 @@ def test_identical_prompts_are_scored_once_and_draw_their_own_actions(cache, mon
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_split_forward_equals_the_block_masked_full_forward(cache, monkeypatch, lora):
-    """actions.split_forward (the prompt region causal without a mask, the candidate region under its
+    """split_forward.split_forward (the prompt region causal without a mask, the candidate region under its
     own mask, the last layer only at the positions the candidates' log-probs read) gives the full
     block-masked forward's log-probs and gradients (two layers, grouped-query attention, LoRA,
     prompts and candidate regions of different widths)."""
-    from milegpo_cli.policy import actions
+    from milegpo_cli.policy import actions, split_forward
 
     policy = Policy.from_config(make_cfg(tiny=dict(TINY, num_layers=2, num_heads=4, num_kv_heads=2), lora=lora),
                                 CORPUS, cache, "cpu")
-    assert actions.split_forward_supported(policy.model.get_decoder())
+    assert split_forward.split_forward_supported(policy.model.get_decoder())
     with torch.no_grad():  # sharpen attention so that a wrong mask or position would show
         for name, p in policy.model.named_parameters():
             if name.endswith(("q_proj.weight", "k_proj.weight")) or "lora_B" in name:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from accelerate.state import AcceleratorState
 
 from envs.base import Observation
 from milegpo_cli.policy import Policy, PolicyError
+from milegpo_cli.config import PPOConfig
 from milegpo_cli.trainer.ppo import PPOConfigError, PPOUpdater, lr_factor, ppo_loss, sample_logprobs
 from milegpo_cli.trainer.warmstart import ExpertStep, supervised_warm_start
 
@@ -25,7 +27,7 @@ CORPUS = [
 ]
 ADMISSIBLE = ("go to fridge 1", "open fridge 1", "take apple 1 from countertop 1", "look", "inventory",
               "heat apple 1 with microwave 1")
-PPO = dict(lr=3e-3, lr_schedule="constant", warmup_iterations=0, epochs=2, minibatch_size=4, clip=0.2, clip_c=3.0,
+PPO = PPOConfig(lr=3e-3, lr_schedule="constant", warmup_iterations=0, epochs=2, minibatch_size=4, clip=0.2, clip_c=3.0,
            kl_coef=0.0, entropy_coef=0.0, max_grad_norm=1.0, weight_decay=0.0)
 
 
@@ -126,7 +128,7 @@ def test_loss_decreases_on_fixed_batch(cache, accelerator, mode):
 def test_update_metrics_and_skip_on_nan(cache, accelerator):
     policy = policy_of(cache)
     samples = rollout(policy)
-    updater = PPOUpdater(policy, dict(PPO, entropy_coef=0.01), accelerator)
+    updater = PPOUpdater(policy, replace(PPO, entropy_coef=0.01), accelerator)
     m = updater.update(samples, np.linspace(-1, 1, len(samples)))
     for key in ("policy_loss", "kl", "entropy", "clip_frac", "grad_norm", "approx_kl", "tokens", "skipped", "lr"):
         assert key in m
@@ -148,7 +150,7 @@ def test_no_advantage_signal_takes_no_step(cache, accelerator):
     term the same batch still updates (the pull toward the reference is signal)."""
     policy = policy_of(cache)
     samples = rollout(policy)
-    cfg = dict(PPO, entropy_coef=0.01, lr_schedule="linear")
+    cfg = replace(PPO, entropy_coef=0.01, lr_schedule="linear")
     updater = PPOUpdater(policy, cfg, accelerator, total_updates=4)
     weights = [p.detach().clone() for p in policy.model.parameters()]
     lr = updater.scheduler.get_last_lr()[0]
@@ -164,14 +166,14 @@ def test_no_advantage_signal_takes_no_step(cache, accelerator):
     adv = np.zeros(len(samples))
     adv[0] = 1.0
     assert updater.update(samples, adv)["optimizer_steps"] > 0
-    kl = PPOUpdater(policy, dict(cfg, kl_coef=0.1), accelerator, total_updates=4)
+    kl = PPOUpdater(policy, replace(cfg, kl_coef=0.1), accelerator, total_updates=4)
     assert kl.update(samples, np.zeros(len(samples)))["optimizer_steps"] > 0
 
 
 def test_state_dict_round_trip(cache, accelerator):
     policy = policy_of(cache)
     samples = rollout(policy)
-    cfg = dict(PPO, lr_schedule="linear", warmup_iterations=1)
+    cfg = replace(PPO, lr_schedule="linear", warmup_iterations=1)
     updater = PPOUpdater(policy, cfg, accelerator, total_updates=5)
     updater.update(samples, np.ones(len(samples)))
     state = updater.state_dict()
@@ -189,7 +191,7 @@ def test_lora_reference_is_base_before_and_differs_after(cache, accelerator):
     with torch.no_grad(), policy.reference() as ref:
         ref_before = sample_logprobs(ref, samples, policy.pad_id)[0]
     assert torch.equal(ref_before, base)  # LoRA B starts at 0: policy == reference
-    updater = PPOUpdater(policy, dict(PPO, kl_coef=0.05), accelerator)
+    updater = PPOUpdater(policy, replace(PPO, kl_coef=0.05), accelerator)
     m = updater.update(samples, np.array([1.0, -1.0] * 4))
     assert m["kl"] >= 0
     trained = current_logp(policy, samples)
@@ -203,7 +205,7 @@ def test_full_finetune_kl_uses_frozen_copy(cache, accelerator):
     policy = policy_of(cache)
     samples = rollout(policy)
     base = current_logp(policy, samples)
-    updater = PPOUpdater(policy, dict(PPO, kl_coef=0.1), accelerator)
+    updater = PPOUpdater(policy, replace(PPO, kl_coef=0.1), accelerator)
     assert policy.ref_model is not None
     updater.update(samples, np.array([1.0, -1.0] * 4))
     with torch.no_grad(), policy.reference() as ref:
@@ -234,7 +236,7 @@ def test_length_sorted_micro_batches_give_the_whole_minibatch_update(cache, acce
         samples = [a.sample for a in policy.act([obs(i) for i in range(8)], histories, [len(h) for h in histories])]
         assert len({s.num_tokens for s in samples}) > 2
         torch.manual_seed(2)
-        m = PPOUpdater(policy, dict(PPO, micro_batch_size=micro), accelerator).update(samples, np.linspace(-1, 1, 8))
+        m = PPOUpdater(policy, replace(PPO, micro_batch_size=micro), accelerator).update(samples, np.linspace(-1, 1, 8))
         assert m["optimizer_steps"] == 4
         weights.append([p.detach().clone() for p in policy.model.parameters()])
     assert all(torch.allclose(a, b, rtol=0.0, atol=1e-5) for a, b in zip(*weights))
@@ -250,7 +252,7 @@ def test_reference_pass_scores_each_distinct_sample_once_sorted_by_length(cache,
     torch.manual_seed(1)
     samples = [a.sample for a in policy.act([obs(i % 4) for i in range(6)], histories, [len(h) for h in histories])]
     samples = samples + samples[:3]  # duplicates, as the rollouts of a group at a shared state
-    updater = PPOUpdater(policy, dict(PPO, kl_coef=0.1, micro_batch_size=2), accelerator)
+    updater = PPOUpdater(policy, replace(PPO, kl_coef=0.1, micro_batch_size=2), accelerator)
     with torch.no_grad(), policy.reference() as ref:
         one_by_one = [sample_logprobs(ref, [s], policy.pad_id)[0] for s in samples]
     import milegpo_cli.trainer.ppo as ppo
@@ -288,7 +290,7 @@ def test_micro_batches_on_a_thread_pool_give_the_serial_update(cache, accelerato
             torch.manual_seed(1)
             samples = [a.sample for a in policy.act([obs(i) for i in range(8)], histories, [len(h) for h in histories])]
             torch.manual_seed(2)
-            updater = PPOUpdater(policy, dict(PPO, kl_coef=0.1, micro_batch_size=1), accelerator)
+            updater = PPOUpdater(policy, replace(PPO, kl_coef=0.1, micro_batch_size=1), accelerator)
             assert ppo.pool_workers(accelerator, updater.model, None) == threads
             m = updater.update(samples, np.linspace(-1, 1, 8))
             runs.append(([p.detach().clone() for p in policy.model.parameters()], m))

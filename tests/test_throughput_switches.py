@@ -22,9 +22,9 @@ TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.n
 
 
 def _train(root: Path, switches: list[str], memo: bool):
-    from envs.alfworld import engine
+    from envs.alfworld import engine_caches
 
-    engine.install_engine_caches(True, grammar=memo, reuse=memo)
+    engine_caches.install_engine_caches(True, grammar=memo, reuse=memo)
     try:
         config = load_config("alfworld", [*TINY, f"store.root={json.dumps(str(root))}", *switches])
         suite = builders.build_suite(config)
@@ -42,7 +42,7 @@ def _train(root: Path, switches: list[str], memo: bool):
         venv.close()
         return out, res.metrics, {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
     finally:
-        engine.install_engine_caches(True)
+        engine_caches.install_engine_caches(True)
 
 
 def test_switches_give_identical_episodes_advantages_and_weights(tmp_path):

@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import asdict
 from typing import Callable
 
-from envs.alfworld import engine  # sets ALFWORLD_DATA before alfworld is imported
+from envs.alfworld import game_env  # sets ALFWORLD_DATA before alfworld is imported
 from envs.alfworld.config import AlfworldConfig
 from envs.alfworld.splits import check_split, combo_allowed, floorplans, room_type
 from envs.base import EnvError
@@ -303,7 +303,7 @@ def generate_game(config: AlfworldConfig, split: str, index: int) -> str:
         game, traj = built
         tmp = tempfile.mkdtemp(prefix=f".{index:05d}-", dir=os.path.dirname(final))
         try:
-            walkthrough, expert = engine.verify_game(_write(tmp, game, traj), config.expert, config.verify_steps)
+            walkthrough, expert = game_env.verify_game(_write(tmp, game, traj), config.expert, config.verify_steps)
             if walkthrough is None:
                 continue
             game["solvable"], game["walkthrough"] = True, walkthrough

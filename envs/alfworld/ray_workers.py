@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections import deque
 
-from envs.alfworld.engine import GameEnv, serve, transition_cache
+from envs.alfworld.game_env import GameEnv, serve, transition_cache
 from envs.base import EnvError
 
 RESOURCE_SHARE = 0.01  # of ray_resource per actor

@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass, fields
 
 DROPPABLE = ("reliability", "progress", "same-state", "branch", "traps", "milestones")
+COMPONENTS = tuple(n for n in DROPPABLE if n != "branch")  # MileGPO's components ("branch": alias of same-state)
 NORMS = ("mean_std", "mean")
 EPISODE_STATS = ("rollouts", "steps")
 EPISODE_SCORES = ("outcome", "success")
@@ -31,6 +32,19 @@ VERL_AGENT = {"episode_stats": "steps", "anchor_visits": False, "zero_identical"
 RECIPE_SETTINGS = {("graphgpo", "alfworld"): {"graph_gamma": 0.1, "episode_norm": "mean_std"},
                    ("graphgpo", "webshop"): {"graph_gamma": 0.2, "episode_norm": "mean_std"},
                    ("hgpo", "alfworld"): {"episode_norm": "mean_std"}, ("hgpo", "webshop"): {"episode_norm": "mean"}}
+
+
+def check_preset(given: dict) -> None:
+    """Refuse a ``[credit]`` key that a recipe or ``--set`` gives a value the preset fixes otherwise
+    (ValueError naming both). ``CreditConfig(preset=...)`` itself sets the preset's values
+    (docs/algorithms.md, "The verl-agent preset")."""
+    if given.get("preset") != "verl-agent":
+        return
+    fixed = {**VERL_AGENT, "step_norm": given.get("episode_norm", CreditConfig.episode_norm)}
+    for name, value in fixed.items():
+        if name in given and given[name] != value:
+            raise ValueError(f"{name}: {given[name]!r} conflicts with preset 'verl-agent', which sets {name} = "
+                             f"{value!r}: give one or the other")
 
 
 def canonical_drop(drop) -> frozenset[str]:

@@ -30,7 +30,8 @@ def milegpo(batch: RolloutBatch, config: CreditConfig, drop: frozenset) -> Credi
 ESTIMATORS: dict[str, Callable[[RolloutBatch, CreditConfig, frozenset], CreditResult]] = {
     "grpo": grpo, "gigpo": gigpo, "graphgpo": graphgpo, "milegpo": milegpo, "hgpo": hgpo,
 }
-ALGORITHMS = tuple(ESTIMATORS)  # trainable (milegpo_cli.config.ALGORITHMS)
+ALGORITHMS = tuple(ESTIMATORS)  # trainable (run.algo); the one list of them
+BASELINES = tuple(a for a in ALGORITHMS if a != "milegpo")
 DIAGNOSTIC = {"oracle-milestones": oracle_milestones}  # needs the true subgoals: reference rows only
 ESTIMATORS.update(DIAGNOSTIC)
 

@@ -1,164 +1,34 @@
-"""Credit diagnostics at scale (docs/algorithms.md, "Choosing the defaults"; issues 9, 10 and 15).
+"""Credit diagnostics at scale, the evaluation half (docs/algorithms.md, "Choosing the defaults";
+issues 9, 10 and 15). The recordings: experiments/credit_recording.py; the page:
+experiments/credit_bench_report.py.
 
-Two halves, both usable from ``bench/credit_diagnostics.py``:
-
-- **Recording.** A fixed behaviour policy plays groups of N rollouts of one task: at every step it
-  takes the oracle's action with probability 1 - p, else a uniformly random admissible action
-  (``expert_or_random``). Every step is stored with its oracle label (good = the action is in
-  ``Observation.oracle_actions`` of that state; None where the oracle had no answer) and the true
-  subgoals it reached. One JSON line per rollout, in the interchange format of docs/rollouts.md
-  plus extra keys (``milegpo credit`` reads it once decompressed: ``zcat``), appended group by group to a
-  multi-member gzip file: an interrupted recording resumes where it stopped.
-- **Evaluation.** Every estimator variant (baselines, MileGPO in both formulations and each
-  single-component ablation) is recomputed on the *same* rollouts with
-  ``credit.compute_advantages`` and scored as in ``experiments.diagnostics`` (ROC-AUC and sign
-  accuracy against the oracle labels; milestone precision / recall against the true subgoals via
-  ``diagnostics.milestone_match``), with percentile bootstrap intervals over groups. The bootstrap
-  is :class:`GroupBootstrap`, a vectorised form of the same estimator (same point values; fast
-  enough for 10^5 steps x 15 variants x 1000 resamples). Added here: the share of same-state action
-  pairs with tied step advantages (``credit.same_state_tie_share``) and a *paired* bootstrap of
-  dAUC = AUC(variant) - AUC(reference) on the same resampled groups.
+Every estimator variant (baselines, MileGPO in both formulations and each single-component
+ablation) is recomputed on the *same* rollouts with ``credit.compute_advantages`` and scored as in
+``experiments.diagnostics`` (ROC-AUC and sign accuracy against the oracle labels; milestone
+precision / recall against the true subgoals via ``diagnostics.milestone_match``), with percentile
+bootstrap intervals over groups. The bootstrap is :class:`GroupBootstrap`, a vectorised form of the
+same estimator (same point values; fast enough for 10^5 steps x 15 variants x 1000 resamples). Added
+here: the share of same-state action pairs with tied step advantages (``credit.same_state_tie_share``)
+and a *paired* bootstrap of dAUC = AUC(variant) - AUC(reference) on the same resampled groups.
 """
 from __future__ import annotations
 
-import gzip
-import json
 import math
-import random
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
-from envs.base import EnvSuite, Observation, Task
+
 from milegpo_cli.credit import CreditConfig, Rollout, RolloutBatch, compute_advantages, same_state_tie_share
-from milegpo_cli.errors import MilegpoError
+from milegpo_cli.credit.config import COMPONENTS
+from milegpo_cli.experiments.credit_recording import CreditBenchError
 from milegpo_cli.experiments.diagnostics import entered_keys, milestone_match
 from milegpo_cli.experiments.stats import CONFIDENCE, Estimate
 
-P_VALUES = (0.25, 0.5, 0.75)
 V2_AS_MEASURED = {"formulation": "v2", "lambda_p": 2.0, "lambda_m": 0.5, "lambda_t": 0.5, "g_p": 0.0, "g_b": 0.0}
-ABLATIONS = ("reliability", "progress", "same-state", "traps", "milestones")
 PAPER_ETA = {"alfworld": 0.2, "webshop": 1.0}  # eta per environment (docs/algorithms.md, the paper's construction)
 
-
-class CreditBenchError(MilegpoError, ValueError):
-    """Bad input to the credit benchmark (bad p, empty recording, unknown subset...)."""
-
-
-# ----------------------------------------------------------------------------- recording
-
-
-def expert_or_random(obs: Observation, p: float, rng: random.Random) -> str:
-    """The oracle's first action with probability 1 - p, else a uniform admissible action
-    (also when the oracle has no answer for this state)."""
-    if obs.oracle_actions and rng.random() >= p:
-        return obs.oracle_actions[0]
-    if not obs.admissible:
-        raise CreditBenchError("expert_or_random: a state with no admissible action")
-    return rng.choice(obs.admissible)
-
-
-def group_name(task: Task, p: float) -> str:
-    return f"{task.task_id}|p={p:g}"
-
-
-def record_group(env, task: Task, p: float, group_size: int, seed: int,
-                 success_reward: float = 10.0) -> list[dict]:
-    """Play ``group_size`` rollouts of ``task`` with ``expert_or_random(p)`` in one vector env.
-
-    Rewards follow the trainer (verl-agent): ``success_reward`` on the winning step, else 0.
-    Returns one record per rollout (docs/rollouts.md fields, ``final_state`` included, plus ``oracle_good`` / ``subgoals``
-    per step and ``task_id``, ``task_type``, ``split``, ``p``, ``error`` per rollout).
-    """
-    if not 0.0 <= p <= 1.0:
-        raise CreditBenchError(f"p: must be in [0, 1], got {p}")
-    name = group_name(task, p)
-    rngs = [random.Random(f"{name}|{seed}|{i}") for i in range(group_size)]
-    obs = env.reset([task] * group_size)
-    steps: list[list[dict]] = [[] for _ in range(group_size)]
-    won, score, error = [False] * group_size, [0.0] * group_size, [None] * group_size
-    final: list[str | None] = [None] * group_size
-    active = [True] * group_size
-    while any(active):
-        actions = [expert_or_random(o, p, rng) if a else None for o, a, rng in zip(obs, active, rngs)]
-        results = env.step(actions)
-        for i, res in enumerate(results):
-            if res is None:
-                continue
-            o = obs[i]
-            good = None if not o.oracle_actions else actions[i] in o.oracle_actions
-            steps[i].append({"state": o.state_key, "action": actions[i],
-                             "reward": success_reward if (res.done and res.won) else 0.0,
-                             "oracle_good": good, "subgoals": list(res.subgoals)})
-            obs[i], active[i] = res.observation, not res.done
-            won[i], score[i], final[i] = res.won, res.score, res.observation.state_key
-            error[i] = error[i] or (res.error.splitlines()[-1] if res.error else None)
-    return [{"group": name, "rollout": i, "outcome": float(score[i]), "success": bool(won[i]),
-             "task_id": task.task_id, "task_type": task.task_type, "split": task.split, "p": p,
-             "error": error[i], "final_state": final[i], "steps": steps[i]} for i in range(group_size)]
-
-
-def read_records(path: str | Path) -> list[dict]:
-    """All rollout records of a recording (gzip or plain JSONL)."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def append_records(path: str | Path, records: Iterable[dict]) -> None:
-    """Append one gzip member (or plain lines) per call, so a killed run loses at most one group."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "at") as f:
-        f.writelines(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
-
-
-def record(suite: EnvSuite, tasks: Sequence[Task], p_values: Sequence[float], path: str | Path, *,
-           group_size: int = 8, seed: int = 0, success_reward: float = 10.0,
-           budget_s: float | None = None, log: Callable[[str], None] = print) -> dict:
-    """Record one group per (task, p) into ``path``, skipping groups already there.
-
-    Tasks are played in order, every p for a task before the next task, until ``budget_s``
-    seconds have passed (None: no limit). Returns counts and timing.
-    """
-    if group_size < 2:
-        raise CreditBenchError(f"group_size: must be >= 2, got {group_size}")
-    done = {r["group"] for r in read_records(path)}
-    env = suite.make_vector_env(group_size, oracle=True)
-    start, new_groups, new_steps = time.perf_counter(), 0, 0
-    try:
-        for k, task in enumerate(tasks):
-            for p in p_values:
-                if group_name(task, p) in done:
-                    continue
-                if budget_s is not None and time.perf_counter() - start > budget_s:
-                    log(f"budget of {budget_s:.0f} s reached after {new_groups} new groups")
-                    return _summary(path, new_groups, new_steps, start)
-                t0 = time.perf_counter()
-                recs = record_group(env, task, p, group_size, seed, success_reward)
-                append_records(path, recs)
-                n = sum(len(r["steps"]) for r in recs)
-                new_groups, new_steps = new_groups + 1, new_steps + n
-                log(f"[{k + 1}/{len(tasks)}] {task.task_id} p={p:g}: {n} steps, "
-                    f"{sum(r['success'] for r in recs)}/{group_size} won, {time.perf_counter() - t0:.1f} s")
-    finally:
-        env.close()
-    return _summary(path, new_groups, new_steps, start)
-
-
-def _summary(path, groups: int, steps: int, start: float) -> dict:
-    wall = time.perf_counter() - start
-    return {"path": str(path), "new_groups": groups, "new_steps": steps, "wall_s": round(wall, 1),
-            "steps_per_s": round(steps / wall, 1) if wall > 0 else float("nan")}
-
-
-# ----------------------------------------------------------------------------- evaluation
 
 
 @dataclass(frozen=True)
@@ -176,7 +46,7 @@ class Variant:
         return self.config.formulation if self.algo == "milegpo" else ""
 
 
-def default_variants(env: str, config: CreditConfig | None = None, ablations: Sequence[str] = ABLATIONS,
+def default_variants(env: str, config: CreditConfig | None = None, ablations: Sequence[str] = COMPONENTS,
                      candidate: dict | None = None) -> list[Variant]:
     """Baselines, MileGPO v3 (``config``: the recipe's own [credit] settings), v2 at the values it
     was measured with (docs/algorithms.md) and the paper formulation (the paper's eta for ``env``),
@@ -427,110 +297,3 @@ def _mixed_groups(rollouts: Sequence[Rollout]) -> int:
     for r in rollouts:
         outcomes.setdefault(r.group, set()).add(bool(r.success))
     return sum(len(v) == 2 for v in outcomes.values())
-
-
-# ----------------------------------------------------------------------------- report
-
-
-def _fmt(x: float, nd: int = 3) -> str:
-    return "–" if x is None or not math.isfinite(x) else f"{x:.{nd}f}"
-
-
-def _ci(row: dict, key: str, nd: int = 3) -> str:
-    v = row.get(key, float("nan"))
-    if not math.isfinite(v):
-        return "–"
-    return f"{v:.{nd}f} [{row[key + '_lo']:.{nd}f}, {row[key + '_hi']:.{nd}f}]"
-
-
-def _est(e: dict, nd: int = 3) -> str:
-    return f"{e['value']:+.{nd}f} [{e['low']:+.{nd}f}, {e['high']:+.{nd}f}]"
-
-
-def choose_formulation(pairs: dict[str, dict], current: str = "v3") -> str:
-    """Switch from ``current`` only when the pooled paired dAUC (paper - v3) favours the other
-    formulation in every environment with a 95 % interval that excludes 0; else keep ``current``."""
-    other = "paper" if current != "paper" else "v3"
-    sign = 1.0 if other == "paper" else -1.0
-    wins = [sign * p["low"] > 0 if sign > 0 else sign * p["high"] > 0 for p in pairs.values()]
-    return other if pairs and all(wins) else current
-
-
-def render_markdown(results: dict) -> str:
-    """docs/results_credit.md from the ``analyse`` results (every figure comes from ``results``)."""
-    envs = results["envs"]
-    L = ["# Credit diagnostics (generated)", "",
-         f"Generated by `{results['command']}` on {results['generated']} from the recordings "
-         f"`bench/results/rollouts_<env>.jsonl.gz`; tables also in `bench/results/credit_diagnostics.csv`, "
-         "`credit_diagnostics.json` and `credit_sweep.csv`. Do not edit by hand: rerun the command.", "",
-         "Behaviour policy: the oracle's action with probability 1 − p, else a uniform admissible action; "
-         "groups of 8 rollouts of one task, one group per (task, p). Oracle label of a step: good when its "
-         "action is in the state's `oracle_actions` (ALFWorld: the PDDL planner's next action; WebShop: the "
-         "simulator's shortest plans to the best product). AUC = P(A_good > A_bad) + ½ P(tie) of the total "
-         "advantage A; sign accuracy counts A = 0 as ½; milestone precision = share of discovered milestones "
-         "(positive credit) whose entering step reached a true subgoal, recall = share of reached (group, subgoal) "
-         "events covered; tie share = share of same-state pairs of steps with distinct actions whose *step* "
-         "advantages are equal (lower = more ties broken). Brackets: percentile bootstrap 95 % intervals over "
-         f"groups ({results['resamples']} resamples); dAUC is paired (same resampled groups) against the row's "
-         "reference.", "", "## Recordings", "",
-         "| env | p | groups | rollouts | steps | success rate | groups with mixed outcomes | oracle-good steps | task types |",
-         "|---|---|---|---|---|---|---|---|---|"]
-    for env, e in envs.items():
-        for s in e["recording"]:
-            L.append(f"| {env} | {s['subset']} | {s['groups']} | {s['rollouts']} | {s['steps']} | "
-                     f"{_fmt(s['success_rate'])} | {s['mixed_groups']} | {_fmt(s['good_share'])} | {s['task_types']} |")
-    L += ["", "Recording settings (`recording_sessions`: one entry per `record` call, its wall time and "
-          "engine steps/s):", ""]
-    L += [f"- {k}: `{json.dumps(e['settings'])}`" for k, e in envs.items()] + [""]
-    for env, e in envs.items():
-        rows = [r for r in e["rows"] if r["subset"] == "all"]
-        L += [f"## {env}: all p pooled", "",
-              "| method | AUC | sign acc. | milestone precision | milestone recall | milestones | tie share | dAUC vs ref | ref | credit ms |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            L.append(f"| {r['method']} | {_ci(r, 'auc')} | {_ci(r, 'sign_acc')} | {_ci(r, 'ms_precision')} | "
-                     f"{_ci(r, 'ms_recall')} | {_fmt(r['milestones'], 0)} | {_fmt(r['tie_share'])} | "
-                     f"{_ci(r, 'd_auc')} | {r['reference'] or '–'} | {_fmt(r['credit_ms'], 1)} |")
-        scored = {x["subset"] for x in e["rows"]}
-        subs = [s["subset"] for s in e["recording"] if s["subset"] != "all" and s["subset"] in scored]
-        L += ["", f"## {env}: by behaviour p and in the groups without a success (AUC [95 % CI]; tie share)", "",
-              "| method | " + " | ".join(subs) + " |", "|---|" + "---|" * len(subs)]
-        for name in [r["method"] for r in rows]:
-            cells = []
-            for s in subs:
-                r = next(x for x in e["rows"] if x["subset"] == s and x["method"] == name)
-                cells.append(f"{_ci(r, 'auc')}; {_fmt(r['tie_share'], 2)}")
-            L.append(f"| {name} | " + " | ".join(cells) + " |")
-        L += ["", f"Milestone precision / recall by p ({env}):", "",
-              "| method | " + " | ".join(subs) + " |", "|---|" + "---|" * len(subs)]
-        for name in [r["method"] for r in rows if r["algo"] == "milegpo"]:
-            cells = []
-            for s in subs:
-                r = next(x for x in e["rows"] if x["subset"] == s and x["method"] == name)
-                cells.append(f"{_fmt(r['ms_precision'], 2)} / {_fmt(r['ms_recall'], 2)}")
-            L.append(f"| {name} | " + " | ".join(cells) + " |")
-        L.append("")
-    L += ["## Formulation: paper − v3 (paired dAUC of the total advantage)", "",
-          "| env | " + " | ".join(next(iter(envs.values()))["pairs"]) + " |",
-          "|---|" + "---|" * len(next(iter(envs.values()))["pairs"])]
-    for env, e in envs.items():
-        L.append(f"| {env} | " + " | ".join(_est(v) for v in e["pairs"].values()) + " |")
-    pooled = {env: e["pairs"]["all"] for env, e in envs.items()}
-    current = CreditConfig().formulation
-    L += ["", f"Rule: keep the current default (`{current}`) unless the pooled paired dAUC favours the other "
-          "formulation in every environment with a 95 % interval excluding 0. Verdict: "
-          f"**{choose_formulation(pooled, current)}**.", ""]
-    if any(e.get("sweep") for e in envs.values()):
-        L += ["## Hyperparameter sweep (one at a time, all p pooled, MileGPO)", "",
-              f"Each value changes one field from the shipped defaults; dAUC is paired against the same "
-              f"formulation at the defaults ({results['sweep_resamples']} resamples).", "",
-              "| env | formulation | field | value | AUC | dAUC vs defaults | tie share |", "|---|---|---|---|---|---|---|"]
-        for env, e in envs.items():
-            for r in e.get("sweep", []):
-                if r["param"] == "base":
-                    L.append(f"| {env} | {r['formulation']} | (defaults) | | {_ci(r, 'auc')} | | {_fmt(r['tie_share'])} |")
-                else:
-                    L.append(f"| {env} | {r['formulation']} | {r['param']} | {r['value']:g} | {_fmt(r['auc'])} | "
-                             f"{_ci(r, 'd_auc')} | {_fmt(r['tie_share'])} |")
-        L.append("")
-    return "\n".join(L)

@@ -23,11 +23,11 @@ import numpy as np
 from scipy import stats
 
 from milegpo_cli.credit import CreditConfig, RolloutBatch, compute_advantages
+from milegpo_cli.credit.registry import BASELINES
 from milegpo_cli.errors import MilegpoError
 from milegpo_cli.experiments.stats import CONFIDENCE, Estimate
 
 DEFAULT_ABLATIONS = ("reliability", "progress", "same-state")
-BASELINES = ("grpo", "gigpo", "graphgpo", "hgpo")
 N_RESAMPLES = 1000
 
 

@@ -10,14 +10,13 @@ tokens as a plain loop in the update. The same function, with gradients, gives t
 log-probabilities, so rollout and update agree exactly.
 
 ``generate``: the model samples a reply at temperature T (no top-k / top-p, so the recorded
-log-probs are those of the sampling distribution); the action is parsed from <action>...</action>
-(fallback: the last non-empty line) and projected onto the admissible commands (exact match, else
-case/whitespace-normalised match, else invalid -> ``None``). Per-token log-probs under
-softmax(logits / T) are recorded for the loss on the generated tokens.
+log-probs are those of the sampling distribution); the action is parsed from it and projected onto
+the admissible commands (policy/replies.py). Per-token log-probs under softmax(logits / T) are
+recorded for the loss on the generated tokens. The split forward of Qwen2 / Llama decoders:
+policy/split_forward.py.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import partial
 from typing import Sequence
@@ -27,6 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from milegpo_cli.errors import MilegpoError
+
+from .split_forward import pack_split, split_forward, split_forward_supported
+
+SPLIT_FORWARD = True  # False: one block-masked pass over whole rows (bench/train_speed.py's baseline)
 
 
 class PolicyError(MilegpoError, ValueError):
@@ -124,58 +127,6 @@ def pack_candidates(prompts: Sequence[Sequence[int]], candidates: Sequence[Seque
     return ids.to(device), pos.to(device), mask.to(device), as_t(row), as_t(src), as_t(tgt)
 
 
-@dataclass
-class SplitRows:
-    """Prompts and candidates laid out for :func:`split_forward`: per row the prompt, right-padded to
-    the widest prompt P, then its candidates back to back, right-padded to the widest C."""
-
-    ids: torch.Tensor  # (B, P + C)
-    pos: torch.Tensor  # (B, P + C) position ids: 0.. over the prompt, restarting after it for every candidate
-    prompt_width: int  # P
-    cand_bias: torch.Tensor  # (B, 1, C, P + C) additive mask of the candidate-region queries
-    tail: torch.Tensor  # (B, 1 + C) the last layer's query positions: the last prompt token, the candidate region
-    tail_bias: torch.Tensor  # (B, 1, 1 + C, P + C) additive mask of those queries
-    row: torch.Tensor  # per candidate token (flat, in order): its row ...
-    src: torch.Tensor  # ... and the index in ``tail`` whose output predicts it
-    target: torch.Tensor  # its token id
-
-
-def pack_split(prompts: Sequence[Sequence[int]], candidates: Sequence[Sequence[Sequence[int]]], pad_id: int,
-               device, dtype: torch.dtype) -> SplitRows:
-    """The :class:`SplitRows` of ``prompts`` and their ``candidates``. A candidate token sees its
-    prompt (keys before the prompt's length) and its own earlier tokens; a padding query of the
-    candidate region sees the prompt and earlier padding (finite, unread)."""
-    B = len(prompts)
-    flat = [[t for c in cs for t in c] for cs in candidates]
-    lp, lc = np.array([len(p) for p in prompts]), np.array([len(f) for f in flat])
-    P, C = int(lp.max()), int(lc.max())
-    ids = np.full((B, P + C), pad_id, dtype=np.int64)
-    pos = np.zeros((B, P + C), dtype=np.int64)
-    cand = np.zeros((B, C), dtype=np.int64)  # candidate number (1..K) of each candidate-region token, 0: padding
-    src = []
-    for b, (p, cs) in enumerate(zip(prompts, candidates)):
-        lens = np.array([len(c) for c in cs])
-        within = np.arange(lc[b]) - np.repeat(np.cumsum(lens) - lens, lens)  # index of a token in its candidate
-        ids[b, :lp[b]], ids[b, P:P + lc[b]] = p, flat[b]
-        pos[b, :lp[b]], pos[b, P:P + lc[b]] = np.arange(lp[b]), lp[b] + within
-        cand[b, :lc[b]] = np.repeat(np.arange(1, len(cs) + 1), lens)
-        src.append(np.where(within == 0, 0, np.arange(lc[b])))  # tail index 0: the last prompt token; t: token t - 1
-    sees_prompt = torch.arange(P)[None, :] < torch.as_tensor(lp)[:, None]  # (B, P)
-    cand_t = torch.as_tensor(cand)
-    own = (cand_t[:, :, None] == cand_t[:, None, :]) & torch.ones((C, C), dtype=torch.bool).tril()
-    sees = torch.cat([sees_prompt[:, None, :].expand(B, C, P), own], dim=-1)
-    sees_tail = torch.cat([torch.cat([sees_prompt, torch.zeros((B, C), dtype=torch.bool)], -1)[:, None], sees], dim=1)
-
-    def bias(allowed: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[:, None].to(device)
-
-    as_t = partial(torch.as_tensor, dtype=torch.long, device=device)
-    tail = np.concatenate([lp[:, None] - 1, P + np.broadcast_to(np.arange(C), (B, C))], axis=1)
-    return SplitRows(ids=as_t(ids), pos=as_t(pos), prompt_width=P, cand_bias=bias(sees), tail=as_t(tail),
-                     tail_bias=bias(sees_tail), row=as_t(np.repeat(np.arange(B), lc)), src=as_t(np.concatenate(src)),
-                     target=as_t([t for f in flat for t in f]))
-
-
 def candidate_logprobs(model, prompts: Sequence[Sequence[int]], candidates: Sequence[Sequence[Sequence[int]]],
                        pad_id: int = 0) -> list[torch.Tensor]:
     """Sequence log-probs log p(c | prompt_b) for every candidate c of every prompt b, in one forward
@@ -203,76 +154,6 @@ def candidate_logprobs(model, prompts: Sequence[Sequence[int]], candidates: Sequ
     cand = torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.as_tensor(lengths, device=device))
     seq_logp = torch.zeros(len(lengths), dtype=tok_logp.dtype, device=device).index_add(0, cand, tok_logp)
     return list(seq_logp.split([len(cs) for cs in candidates]))
-
-
-SPLIT_FORWARD = True  # False: one block-masked pass over whole rows (bench/train_speed.py's baseline)
-_SPLIT_MODELS = ("qwen2", "llama")  # decoders whose layers :func:`split_forward` reproduces
-_SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)  # scaled_dot_product_attention(enable_gqa=)
-
-
-def split_forward_supported(decoder) -> bool:
-    cfg = getattr(decoder, "config", None)
-    return (getattr(cfg, "model_type", None) in _SPLIT_MODELS and not getattr(cfg, "use_sliding_window", False)
-            and all(hasattr(decoder, a) for a in ("embed_tokens", "rotary_emb", "layers", "norm")))
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
-
-
-def _pick(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """(B, T, C) -> (B, Q, C) at positions ``index`` (B, Q)."""
-    return x.gather(1, index[:, :, None].expand(-1, -1, x.shape[-1]))
-
-
-def _split_layer(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: SplitRows, last: bool) -> torch.Tensor:
-    """One Qwen2/Llama decoder layer (pre-norm, rotary q/k, grouped-query attention, residual, MLP)
-    with the attention split in two: the prompt region causally (``is_causal``: no mask, the keys
-    after each query skipped), the candidate region against the whole row under ``cand_bias``. The
-    last layer computes queries, attention and MLP at ``rows.tail`` only."""
-    attn = layer.self_attn
-    B, T, _ = h.shape
-    hd = attn.head_dim
-    x = layer.input_layernorm(h)
-    k = _rope(attn.k_proj(x).view(B, T, -1, hd).transpose(1, 2), cos, sin)
-    v = attn.v_proj(x).view(B, T, -1, hd).transpose(1, 2)
-    if last:  # position outputs of the last layer depend only on their own query
-        x, h, cos, sin = (_pick(t, rows.tail) for t in (x, h, cos, sin))
-    q = _rope(attn.q_proj(x).view(B, x.shape[1], -1, hd).transpose(1, 2), cos, sin)
-    gqa = {}
-    if q.shape[1] != k.shape[1]:  # grouped-query attention: each key/value head serves q / kv query heads
-        if _SDPA_GQA:
-            gqa = {"enable_gqa": True}
-        else:
-            rep = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    sdpa = partial(F.scaled_dot_product_attention, dropout_p=float(getattr(attn, "attention_dropout", 0.0)) if attn.training
-                   else 0.0, scale=getattr(attn, "scaling", hd ** -0.5), **gqa)
-    if last:
-        o = sdpa(q, k, v, attn_mask=rows.tail_bias)
-    else:
-        P = rows.prompt_width
-        o = torch.cat([sdpa(q[:, :, :P], k[:, :, :P], v[:, :, :P], is_causal=True),
-                       sdpa(q[:, :, P:], k, v, attn_mask=rows.cand_bias)], dim=2)
-    h = h + attn.o_proj(o.transpose(1, 2).reshape(B, q.shape[2], -1))
-    return h + layer.mlp(layer.post_attention_layernorm(h))
-
-
-def split_forward(decoder, rows: SplitRows) -> torch.Tensor:
-    """Final hidden states (B, 1 + C, D) at ``rows.tail`` (each row's last prompt token, then its
-    candidate region), equal to the block-masked full forward's at those positions: a prompt token
-    sees only earlier prompt tokens (right padding comes after it), so the prompt region needs no
-    mask, and the last layer is needed only where a candidate token is predicted."""
-    h = decoder.embed_tokens(rows.ids)
-    cos, sin = decoder.rotary_emb(h, rows.pos)
-    for i, layer in enumerate(decoder.layers):
-        h = _split_layer(layer, h, cos, sin, rows, last=i == len(decoder.layers) - 1)
-    return decoder.norm(h)
 
 
 def token_logprobs(model, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
@@ -327,62 +208,3 @@ def generate_sample_logprobs(model, samples: Sequence[GenerateSample], pad_id: i
     """New per-token log-probs (flat), per-token entropy (flat) and the sample index of each token."""
     return token_logprobs(model, [s.prompt_ids for s in samples], [s.response_ids for s in samples],
                           [s.temperature for s in samples], pad_id, with_entropy)
-
-
-# --- generate mode: sampling, parsing, projection -------------------------------------------------
-
-ACTION_RE = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
-THINK_RE = re.compile(r"<think>.*?(</think>|$)", re.IGNORECASE | re.DOTALL)
-
-
-def parse_action(reply: str) -> str | None:
-    """The text of the last <action>...</action>; else after an unclosed <action>; else the last
-    non-empty line outside <think>...</think>. None for an empty reply."""
-    found = ACTION_RE.findall(reply)
-    if found:
-        return found[-1].strip()
-    lower = reply.lower()
-    if "<action>" in lower:
-        return reply[lower.rindex("<action>") + len("<action>"):].strip() or None
-    lines = [ln.strip() for ln in THINK_RE.sub("", reply).splitlines() if ln.strip()]
-    return lines[-1] if lines else None
-
-
-def normalise(text: str) -> str:
-    return " ".join(text.lower().split()).strip(" .!'\"")
-
-
-def project_action(text: str | None, admissible: Sequence[str]) -> str | None:
-    """Exact match, else case/whitespace-normalised match, else None (invalid)."""
-    if not text:
-        return None
-    if text in admissible:
-        return text
-    by_norm = {normalise(a): a for a in admissible}
-    return by_norm.get(normalise(text))
-
-
-@torch.no_grad()
-def sample_replies(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float,
-                   greedy: bool, pad_id: int, eos_id: int) -> list[tuple[list[int], list[float]]]:
-    """Sample one reply per prompt; returns (response ids up to and including eos, token log-probs
-    under softmax(logits / T), T = 1 when greedy)."""
-    from transformers import GenerationConfig
-
-    device = model_device(model)
-    ids, mask = pad(prompts, pad_id, left=True, device=device)
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=not greedy, temperature=temperature if not greedy else 1.0,
-        top_k=0, top_p=1.0, repetition_penalty=1.0, pad_token_id=pad_id, eos_token_id=eos_id,
-        return_dict_in_generate=True, output_logits=True,
-    )
-    out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-    new = out.sequences[:, ids.shape[1]:]
-    temp = 1.0 if greedy else temperature
-    logp = torch.stack([F.log_softmax(lg.float() / temp, dim=-1) for lg in out.logits], dim=1)  # (B, L, V)
-    tok_logp = logp.gather(-1, new[:, :, None]).squeeze(-1)
-    replies = []
-    for row, lp in zip(new.tolist(), tok_logp.tolist()):
-        n = row.index(eos_id) + 1 if eos_id in row else len(row)
-        replies.append((row[:n], lp[:n]))
-    return replies

@@ -16,8 +16,9 @@ import torch
 
 from . import hf
 from .actions import (ActionSample, GenerateSample, PolicyError, ScoreSample, candidate_distribution,
-                      candidate_logprobs, parse_action, project_action, sample_replies)
+                      candidate_logprobs)
 from .prompts import encode_prompt, template_corpus
+from .replies import parse_action, project_action, sample_replies
 from .tiny import TINY_MARKER, ensure_tiny_model
 
 MODES = ("score", "generate")

@@ -17,7 +17,6 @@ import torch
 from envs.faults import fault_point
 from milegpo_cli.config import Config
 from milegpo_cli.credit import RolloutBatch, compute_advantages
-from milegpo_cli.credit.config import canonical_drop
 from milegpo_cli.store.records import CandidateRecord, EpisodeRecord
 from milegpo_cli.trainer.distributed import gather_iteration, group_offset, rank_parts, shard, world_size
 from milegpo_cli.trainer.episode_records import candidate_record, episode_record, to_rollout
@@ -69,7 +68,7 @@ def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite
     t0 = time.perf_counter()
     valid = [e for e in episodes if not e.errored]
     batch = RolloutBatch.from_rollouts([to_rollout(e) for e in valid], config.credit.success_threshold)
-    result = compute_advantages(batch, config.run.algo, config.credit, canonical_drop(config.credit.drop))
+    result = compute_advantages(batch, config.run.algo, config.credit)  # its drop list: config.credit.drop
     t_credit = time.perf_counter() - t0
 
     t0 = time.perf_counter()

@@ -34,20 +34,16 @@ SCORE_CANDIDATE_TOKENS = 16 * 8  # score mode: ~16 admissible commands of ~8 tok
 
 _QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
           "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 32768}
-KNOWN_ARCHITECTURES: dict[str, dict] = {  # from the models' published config.json
-    "Qwen/Qwen2.5-0.5B-Instruct": {**_QWEN2, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
-                                   "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
-                                   "tie_word_embeddings": True},
-    "Qwen/Qwen2.5-1.5B-Instruct": {**_QWEN2, "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
-                                   "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936,
-                                   "tie_word_embeddings": True},
-    "Qwen/Qwen2.5-3B-Instruct": {**_QWEN2, "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
-                                 "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936,
-                                 "tie_word_embeddings": True},
-    "Qwen/Qwen2.5-7B-Instruct": {**_QWEN2, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
-                                 "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
-                                 "tie_word_embeddings": False},
+_SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "vocab_size", "tie_word_embeddings")
+_QWEN25_SHAPES = {  # from the models' published config.json, in the order of _SHAPE_KEYS
+    "Qwen/Qwen2.5-0.5B-Instruct": (896, 4864, 24, 14, 2, 151936, True),
+    "Qwen/Qwen2.5-1.5B-Instruct": (1536, 8960, 28, 12, 2, 151936, True),
+    "Qwen/Qwen2.5-3B-Instruct": (2048, 11008, 36, 16, 2, 151936, True),
+    "Qwen/Qwen2.5-7B-Instruct": (3584, 18944, 28, 28, 4, 152064, False),
 }
+KNOWN_ARCHITECTURES: dict[str, dict] = {name: {**_QWEN2, **dict(zip(_SHAPE_KEYS, shape))}
+                                        for name, shape in _QWEN25_SHAPES.items()}
 for _name in list(KNOWN_ARCHITECTURES):  # the base models share the instruct models' shapes
     KNOWN_ARCHITECTURES[_name.removesuffix("-Instruct")] = KNOWN_ARCHITECTURES[_name]
 

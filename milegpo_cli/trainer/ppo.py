@@ -40,6 +40,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from envs.faults import fault_point
 from milegpo_cli import cores
+from milegpo_cli.config import PPOConfig
 from milegpo_cli.errors import MilegpoError
 from milegpo_cli.trainer.distributed import any_rank, minibatches, prepare, sync_gradients
 from milegpo_cli.policy.actions import (GenerateSample, ScoreSample, generate_sample_logprobs,
@@ -106,11 +107,6 @@ def lr_factor(schedule: str, warmup: int, total: int | None):
         return 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
-
-
-def cfg_get(cfg: Any, key: str, default: Any) -> Any:
-    value = cfg.get(key, default) if isinstance(cfg, dict) else getattr(cfg, key, default)
-    return default if value is None else value
 
 
 def sample_logprobs(model, samples: Sequence, pad_id: int):
@@ -212,34 +208,19 @@ class PPOUpdater:
     """Epochs x minibatches of the dual-clip PPO loss through ``accelerate`` (device placement,
     mixed precision, DDP), AdamW, gradient clipping and a per-update LR schedule."""
 
-    def __init__(self, policy, ppo_cfg: Any, accelerator=None, total_updates: int | None = None,
+    def __init__(self, policy, ppo: PPOConfig, accelerator=None, total_updates: int | None = None,
                  threads: int | None = None):
+        """``ppo``: the run's validated ``[ppo]`` section (config.py); ``total_updates``: run.iterations."""
         from accelerate import Accelerator
 
         self.policy = policy
         self.accelerator = accelerator if accelerator is not None else Accelerator()
-        self.lr = float(cfg_get(ppo_cfg, "lr", 1e-4))
-        self.epochs = int(cfg_get(ppo_cfg, "epochs", 1))
-        self.minibatch_size = int(cfg_get(ppo_cfg, "minibatch_size", 32))
-        self.micro_batch_size = int(cfg_get(ppo_cfg, "micro_batch_size", 0)) or self.minibatch_size  # 0: whole minibatch
-        self.clip = float(cfg_get(ppo_cfg, "clip", 0.2))
-        self.clip_c = float(cfg_get(ppo_cfg, "clip_c", 3.0))
-        self.kl_coef = float(cfg_get(ppo_cfg, "kl_coef", 0.0))
-        self.entropy_coef = float(cfg_get(ppo_cfg, "entropy_coef", 0.001))
-        self.max_grad_norm = float(cfg_get(ppo_cfg, "max_grad_norm", 1.0))
-        self.target_kl = float(cfg_get(ppo_cfg, "target_kl", 0.0))
-        self.advantage_norm = str(cfg_get(ppo_cfg, "advantage_norm", "none"))
-        self.loss_agg = str(cfg_get(ppo_cfg, "loss_agg", "token-mean"))
-        for key, value, ok in (("lr", self.lr, self.lr > 0), ("epochs", self.epochs, self.epochs >= 1),
-                               ("minibatch_size", self.minibatch_size, self.minibatch_size >= 1),
-                               ("micro_batch_size", self.micro_batch_size, self.micro_batch_size >= 1),
-                               ("clip", self.clip, 0 < self.clip < 1), ("clip_c", self.clip_c, self.clip_c > 1),
-                               ("kl_coef", self.kl_coef, self.kl_coef >= 0),
-                               ("max_grad_norm", self.max_grad_norm, self.max_grad_norm > 0)):
-            if not ok:
-                raise PPOConfigError(f"ppo.{key}: invalid value {value}")
-        factor = lr_factor(cfg_get(ppo_cfg, "lr_schedule", "constant"), int(cfg_get(ppo_cfg, "warmup_iterations", 0)),
-                           total_updates if total_updates is not None else getattr(ppo_cfg, "total_updates", None))
+        self.lr, self.epochs, self.minibatch_size = ppo.lr, ppo.epochs, ppo.minibatch_size
+        self.micro_batch_size = ppo.micro_batch_size or ppo.minibatch_size  # 0: the whole minibatch
+        self.clip, self.clip_c, self.kl_coef, self.entropy_coef = ppo.clip, ppo.clip_c, ppo.kl_coef, ppo.entropy_coef
+        self.max_grad_norm, self.target_kl = ppo.max_grad_norm, ppo.target_kl
+        self.advantage_norm, self.loss_agg = ppo.advantage_norm, ppo.loss_agg
+        factor = lr_factor(ppo.lr_schedule, ppo.warmup_iterations, total_updates)
         if self.kl_coef > 0:
             policy.ensure_reference()
             if policy.ref_model is not None:
@@ -247,7 +228,7 @@ class PPOUpdater:
         self.params = [p for p in policy.model.parameters() if p.requires_grad]
         if not self.params:
             raise PPOConfigError("ppo: the policy has no trainable parameters")
-        optimizer = torch.optim.AdamW(self.params, lr=self.lr, weight_decay=float(cfg_get(ppo_cfg, "weight_decay", 0.0)))
+        optimizer = torch.optim.AdamW(self.params, lr=self.lr, weight_decay=ppo.weight_decay)
         self.model, self.optimizer = prepare(self.accelerator, policy.model, optimizer)
         self.scheduler = LambdaLR(self.optimizer.optimizer if hasattr(self.optimizer, "optimizer") else self.optimizer,
                                   factor)
