@@ -215,11 +215,11 @@ def rollout(run: Annotated[str, typer.Option("--run", metavar="RUN", help="Run i
 
 @app.command()
 @_command
-def credit(input_arg: Annotated[Optional[Path], typer.Argument(
-               metavar="INPUT", exists=True, dir_okay=False, hidden=True)] = None,
-           input_opt: Annotated[Optional[Path], typer.Option(
-               "--input", "-i", metavar="FILE", exists=True, dir_okay=False,
-               help="Rollouts, JSON Lines (docs/rollouts.md) [default: the INPUT argument].")] = None,
+def credit(input_arg: Annotated[Optional[str], typer.Argument(
+               metavar="INPUT", exists=True, dir_okay=False, allow_dash=True, hidden=True)] = None,
+           input_opt: Annotated[Optional[str], typer.Option(  # str: typer drops allow_dash for a Path
+               "--input", "-i", metavar="FILE", exists=True, dir_okay=False, allow_dash=True,
+               help="Rollouts, JSON Lines (docs/rollouts.md), or - for standard input [default: the INPUT argument].")] = None,
            output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE", help="Per-step advantages, JSON Lines.")] = ...,
            algo: Annotated[str, typer.Option("--algo", metavar="ALGO", help=(
                "grpo, gigpo, graphgpo, milegpo, hgpo or oracle-milestones (needs steps[t].subgoals)."))] = "milegpo",
@@ -233,7 +233,7 @@ def credit(input_arg: Annotated[Optional[Path], typer.Argument(
                     "[default: not written].")] = None) -> None:
     """Advantages of any estimator for rollouts from elsewhere.
 
-    INPUT (or --input FILE): the rollouts, JSON Lines (docs/rollouts.md).
+    INPUT (or --input FILE): the rollouts, JSON Lines (docs/rollouts.md); - reads standard input.
     """
     if (input_arg is None) == (input_opt is None):
         raise _fail("credit: give the rollouts file once, as INPUT or as --input FILE", 2)
