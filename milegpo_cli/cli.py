@@ -21,7 +21,7 @@ from rich.console import Console
 
 from envs.base import EnvError
 from milegpo_cli.config import Config, credit_overrides, default_db_url, default_tracking_uri, load_config
-from milegpo_cli.errors import MilegpoError, RunStopped
+from milegpo_cli.errors import ExperimentStopped, MilegpoError, RunStopped
 from milegpo_cli.relaunch import ensure_cpu_processes
 from milegpo_cli.run_folder import command_root, reroot
 
@@ -59,6 +59,10 @@ def _command(fn: Callable) -> Callable:
             typer.secho(f"run {err.run_id} stopped (marked killed); resume it with: {err.command}", fg="yellow",
                         err=True)
             raise typer.Exit(130) from None
+        except ExperimentStopped as err:  # exit 128 + the signal: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP
+            typer.secho(f"experiment {err.exp_id} ({err.name}) stopped, its running members marked killed; "
+                        "resume it by running the same command again", fg="yellow", err=True)
+            raise typer.Exit(128 + _stop_signal[-1]) from None
         finally:
             while _opened_stores:
                 _opened_stores.pop().close()
@@ -269,6 +273,13 @@ def _ray_options(address: str | None, gpus: float, parallel: int):
     return RayOptions(address, gpus)
 
 
+def _ray_connect(options) -> None:
+    """Join the --ray cluster before the store is created: an address where none answers is one line
+    within the connect timeout, and creates nothing (experiments/ray_dispatch.py)."""
+    if options is not None:
+        _engine("milegpo_cli.experiments.ray_dispatch", "connect")(options.address)
+
+
 @app.command()
 @_command
 def ablate(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, drop: DropOpt = None,
@@ -294,6 +305,7 @@ def ablate(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, drop: DropOpt = 
     config = _config(recipe, sets, algo, None, model, iterations, None, db, mlflow_uri, runs_dir)
     _runs_folder(config)
     _engine_data(config.store.root)
+    _ray_connect(ray_options)
     run_ablate = _engine("milegpo_cli.experiments.ablate", "run_ablate")
     run_ablate(config, _store(config.store.db, runs_dir, create=True), config.store.mlflow_uri, (drop or None) if ablations else [],
                seeds, console,
@@ -319,6 +331,7 @@ def sweep(grid: Annotated[list[str], typer.Option(
     config = _config(recipe, sets, algo, None, model, iterations, drop, db, mlflow_uri, runs_dir)
     _runs_folder(config)
     _engine_data(config.store.root)
+    _ray_connect(ray_options)
     run_sweep = _engine("milegpo_cli.experiments.sweep", "run_sweep")
     run_sweep(config, _store(config.store.db, runs_dir, create=True), config.store.mlflow_uri, grid, seeds, console,
               parallel=parallel, ray=ray_options)
@@ -487,11 +500,15 @@ def policy_build_base(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, runs_
     console.print(f"base policy {folder}: " + "  ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
 
 
+_stop_signal = [signal.SIGINT]  # the signal that stopped the command (Ctrl-C unless a handler below says otherwise)
+
+
 def _sigterm_as_interrupt(signum, frame) -> None:
-    """SIGTERM (``kill``, a scheduler, ``milegpo ablate`` stopping its members) ends a command as Ctrl-C
-    does: a run is marked killed in the store and MLflow. Later SIGTERMs are ignored so that the
-    cleanup finishes."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """SIGTERM (``kill``, a scheduler, ``milegpo ablate`` stopping its members) and SIGHUP (the terminal
+    closed) end a command as Ctrl-C does: a run is marked killed in the store and MLflow. Later ones
+    are ignored so that the cleanup finishes."""
+    signal.signal(signum, signal.SIG_IGN)
+    _stop_signal.append(signum)
     raise KeyboardInterrupt
 
 
@@ -500,4 +517,6 @@ def main() -> None:
     if not sys.stderr.isatty():  # a log file gets no transformers / huggingface_hub progress bars
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup: stays ignored
+        signal.signal(signal.SIGHUP, _sigterm_as_interrupt)
     app()

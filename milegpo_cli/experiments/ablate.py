@@ -28,7 +28,7 @@ from rich.table import Table as RichTable
 
 from milegpo_cli.config import Config
 from milegpo_cli.credit.config import RECIPE_SETTINGS, canonical_drop
-from milegpo_cli.errors import RunNotFound
+from milegpo_cli.errors import ExperimentStopped, RunNotFound
 from milegpo_cli.experiments.diagnostics import BASELINES, DEFAULT_ABLATIONS
 from milegpo_cli.experiments.runs import ExperimentError, dotted
 from milegpo_cli.cores import CORES_ENV, member_share, process_cores
@@ -203,11 +203,11 @@ def run_experiment(config: Config, store, tracker_uri: str | None, ms: Sequence[
                 failed = dispatch.train_members(store, todo, config.run.threads, ray, console)
             else:
                 failed = _train_members(config, store, tracker_uri, todo, parallel, console)
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cli.main): members were stopped and marked killed
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP (cli.main): members were stopped and marked killed
             if tracker is not None:
                 tracker.run_id = parent
                 tracker.end("KILLED")
-            raise
+            raise ExperimentStopped(exp_id, name) from None
     finally:
         if dispatch is not None:
             dispatch.disconnect()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -42,12 +43,60 @@ LOCAL_OBJECT_STORE = 128 * 2**20  # members exchange return codes only
 PASSED_ENV = ("ALFWORLD_DATA", "PYTHONPATH")  # the driver's paths, valid on every node of a shared folder
 PASSED_PREFIX = "MILEGPO_"
 STOP_GRACE_S = 60.0
+POLL_S = 0.5  # a member's task looks at its ``train`` this often: a cancel (Ctrl-C of the driver) lands between looks
+CONNECT_TIMEOUT_ENV = "MILEGPO_RAY_CONNECT_TIMEOUT"  # seconds; docs/scale.md
+CONNECT_TIMEOUT_S = 30.0
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS frame
+SETTINGS_FRAME = 4
+
+
+def connect_timeout() -> float:
+    """``MILEGPO_RAY_CONNECT_TIMEOUT`` (seconds, default 30)."""
+    text = os.environ.get(CONNECT_TIMEOUT_ENV, "")
+    try:
+        value = float(text) if text else CONNECT_TIMEOUT_S
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ExperimentError(f"{CONNECT_TIMEOUT_ENV}={text!r}: must be a number of seconds > 0")
+    return value
+
+
+def probe(address: str, timeout: float) -> None:
+    """Refuse (one line) a ``HOST:PORT`` where no Ray GCS answers, before anything is created: the port
+    must accept a connection within ``timeout`` and answer an HTTP/2 preface with a SETTINGS frame, as
+    the GCS's gRPC server does (ray.init would otherwise retry a closed port or an HTTP server for
+    minutes). ``auto``, ``local`` and ``ray://`` addresses are left to ray.init."""
+    host, sep, port = address.rpartition(":")
+    if "://" in address or not sep or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout) as conn:
+            conn.settimeout(timeout)
+            conn.sendall(HTTP2_PREFACE)
+            head = conn.recv(64)
+    except TimeoutError:
+        found = f"no answer within {timeout:g} s ({CONNECT_TIMEOUT_ENV})"
+    except OSError as err:
+        found = err.strerror or type(err).__name__
+    else:
+        if len(head) >= 9 and head[3] == SETTINGS_FRAME:
+            return
+        first = " ".join(head.splitlines()[0].decode("ascii", "replace").split())[:40] if head.strip() else ""
+        found = f"a server that is not Ray's (it answered {first!r})" if first else "a server that is not Ray's"
+    raise ExperimentError(f"--ray {address}: no Ray cluster there: {found}; give the head node's GCS address "
+                          "(ray start --head prints it) or local")
 
 
 def connect(address: str) -> None:
-    """Join the cluster at ``address`` (``local``: start one on this machine's cores)."""
+    """Join the cluster at ``address`` (``local``: start one on this machine's cores) within
+    :func:`connect_timeout`. ray.init's own SIGTERM handler is replaced by the one it found, so that
+    SIGTERM stops the members as Ctrl-C does."""
     if ray.is_initialized():
         return
+    timeout = connect_timeout()
+    probe(address, timeout)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         if address == LOCAL:
             ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE,
@@ -55,7 +104,11 @@ def connect(address: str) -> None:
         else:
             ray.init(address=address, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as err:
-        raise ExperimentError(f"--ray {address}: cannot reach the cluster: {err}") from None
+        raise ExperimentError(f"--ray {address}: cannot reach the cluster: {' '.join(str(err).split())}") from None
+    finally:
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 def shared_paths(store_url: str, mlflow_uri: str, runs_dir: str | Path) -> dict[str, Path]:
@@ -133,7 +186,11 @@ def _member(cmd: list[str], env: dict[str, str], cwd: str, log_path: str, attemp
                   f"train pid {proc.pid}\n".encode())
         log.flush()
         try:
-            return proc.wait()
+            while True:  # not one blocking wait: the KeyboardInterrupt of ray.cancel must find Python code running
+                try:
+                    return proc.wait(timeout=POLL_S)
+                except subprocess.TimeoutExpired:
+                    pass
         except KeyboardInterrupt:
             proc.terminate()
             try:
