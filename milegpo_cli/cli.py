@@ -321,7 +321,8 @@ def sweep(grid: Annotated[list[str], typer.Option(
           recipe: RecipeOpt = "alfworld", sets: SetOpt = None, seeds: SeedsOpt = 3, algo: AlgoOpt = None,
           model: ModelOpt = None, iterations: ItersOpt = None, drop: DropOpt = None, db: DbOpt = None,
           mlflow_uri: MlflowOpt = None, runs_dir: RunsDirOpt = None, parallel: ParallelOpt = 1, ray: RayOpt = None,
-          ray_gpus: RayGpusOpt = 0.0) -> None:
+          ray_gpus: RayGpusOpt = 0.0,
+          yes: Annotated[bool, typer.Option("--yes", help="Go on with a grid of more than 500 members.")] = False) -> None:
     """Sweep config values over seeds, as one experiment.
 
     Trains every combination of the --grid values over seeds; rerun the same command to resume it.
@@ -334,7 +335,7 @@ def sweep(grid: Annotated[list[str], typer.Option(
     _ray_connect(ray_options)
     run_sweep = _engine("milegpo_cli.experiments.sweep", "run_sweep")
     run_sweep(config, _store(config.store.db, runs_dir, create=True), config.store.mlflow_uri, grid, seeds, console,
-              parallel=parallel, ray=ray_options)
+              parallel=parallel, ray=ray_options, yes=yes)
 
 
 @app.command()

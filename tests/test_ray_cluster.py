@@ -193,3 +193,15 @@ def test_ray_usage_errors_are_one_line():
         p = _cli("ablate", "--recipe", "webshop", *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = p.communicate(timeout=120)
         assert p.returncode == 2 and len(err.strip().splitlines()) == 1 and err.startswith(f"error: {msg}"), err
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_ray_driver_stops_every_member_at_once(cluster, tmp_path):
+    """Two members train on the two nodes; SIGTERM to the driver: within 30 s every member is killed in
+    the store and MLflow, one line, exit 143 (they trained on for ~60 s and stayed running before)."""
+    from test_reliability_drivers import LONG, _stop_and_check
+
+    proc = _cli("ablate", "--recipe", "webshop", *LONG, "--no-ablations", "--seeds", "2", "--ray", cluster.address,
+                "--runs-dir", str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = _stop_and_check(proc, signal.SIGTERM, tmp_path, 2)
+    assert "stopped milegpo s0" in out and "stopped milegpo s1" in out

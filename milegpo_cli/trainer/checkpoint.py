@@ -156,6 +156,8 @@ def folder_owner(root: str | Path) -> str | None:
         return None
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{file}: unreadable ({err})") from err
+    except RecursionError:
+        raise CheckpointError(f"{file}: unreadable (JSON nested too deep)") from None
 
 
 def _shared_folder(root: Path, what: str) -> CheckpointError:
