@@ -36,7 +36,7 @@ app.add_typer(envs_app, name="envs")
 policy_app = typer.Typer(help="Starting policies: build the cached base policy.", no_args_is_help=True,
                          rich_markup_mode=None)
 app.add_typer(policy_app, name="policy")
-console = Console()
+console = Console(soft_wrap=not sys.stdout.isatty())  # a log file: one message per line, not wrapped at 80 columns
 
 def _fail(message: str, code: int) -> typer.Exit:
     typer.secho(f"error: {' '.join(message.split())}", fg="red", err=True)
