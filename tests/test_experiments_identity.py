@@ -79,3 +79,25 @@ def test_a_kill_during_registration_then_a_move_resumes_the_same_member(tmp_path
     child = next(r for r in runs if r.info.run_id == run["mlflow_run_id"])
     assert child.data.tags["mlflow.parentRunId"] == parent
     assert not first.exists()  # nothing re-created in the old folder
+
+
+def test_two_identical_commands_at_once_train_each_member_once(tmp_path):
+    """Two identical ``sweep`` commands started together into one store: one experiment (its name is
+    unique in the store), the second command refused in one line naming the first, each member trained
+    once (both exited 0 with two experiments of one name, every member trained twice)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "milegpo_cli", "sweep", "--recipe", "webshop", *SETS, "--grid", "ppo.lr=1e-4,3e-4",
+           "--seeds", "1", "--runs-dir", str(tmp_path)]
+    RunStore(f"sqlite:///{tmp_path / 'milegpo.db'}", create=True).close()  # both open an existing store
+    procs = [subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = [(p.wait(timeout=600), *p.communicate()) for p in procs]
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [0, 2], [(c, e[-1500:]) for c, _, e in results]
+    refused = next(err for code, _, err in results if code == 2)
+    assert len(refused.strip().splitlines()) == 1 and "experiment 1 is being run by pid" in refused, refused
+    with RunStore(f"sqlite:///{tmp_path / 'milegpo.db'}") as store:
+        assert len(store.list_experiments()) == 1
+        runs = store.list_runs()
+        assert len(runs) == 2 and all(r["status"] == "finished" and r["iterations"] == 1 for r in runs)
+        assert all(len(store.iterations(r["id"])) == 1 for r in runs)

@@ -29,6 +29,7 @@ from rich.table import Table as RichTable
 from milegpo_cli.config import Config
 from milegpo_cli.credit.config import RECIPE_SETTINGS, canonical_drop
 from milegpo_cli.errors import ExperimentStopped, RunNotFound
+from milegpo_cli.store.locks import ExperimentLock
 from milegpo_cli.experiments.diagnostics import BASELINES, DEFAULT_ABLATIONS
 from milegpo_cli.experiments.runs import ExperimentError, dotted
 from milegpo_cli.run_folder import reroot
@@ -199,45 +200,59 @@ def run_experiment(config: Config, store, tracker_uri: str | None, ms: Sequence[
             exp_id, name = exp["id"], exp["name"]
             console.print(f"resuming experiment {exp_id} ({name})")
         except RunNotFound:
-            exp_id = store.create_experiment(name, kind=kind, recipe=config.recipe, config=spec)
+            exp_id = store.create_experiment_once(name, kind=kind, recipe=config.recipe, config=spec)
             exp = store.get_experiment(exp_id)
             console.print(f"experiment {exp_id} ({name}): {len(ms)} members")
-        tracker = Tracker(tracker_uri) if tracker_uri else None
-        parent = exp.get("mlflow_run_id")
-        if tracker is not None and not parent:  # the one a killed command left unrecorded, else a new one
-            parent = tracker.find_run({"milegpo.experiment_id": exp_id, "milegpo.experiment": name}) or \
-                tracker.start_run(name, params=params, tags={"milegpo.experiment_id": exp_id, "milegpo.experiment": name})
-            store.set_experiment_mlflow_run_id(exp_id, parent)
-
-        grid = sorted({k for m in ms for k, _ in m.sets})
-        existing = {member_key(r["config"], grid): r for r in store.list_runs(exp_id)}
-        plan: list[tuple[Member, int]] = []
-        done = set()
-        for m in ms:
-            cfg = member_config(config, m)
-            row = existing.get(member_key(cfg.to_dict(), grid))
-            rid = row["id"] if row else _register(store, tracker, cfg, exp_id, parent)
-            if row and not row.get("mlflow_run_id"):  # registration cut by a kill -9
-                _child_run(store, tracker, cfg, rid, exp_id, parent)
-            plan.append((m, rid))
-            if row and row["status"] == "finished":
-                done.add(rid)
-        todo = [(m, rid) for m, rid in seed_major(plan) if rid not in done]
-        console.print(f"{len(plan) - len(todo)} finished, {len(todo)} to train")
-
+        lock = ExperimentLock(store, exp_id).acquire()  # a second command of this experiment stops here
         try:
-            if dispatch is not None:
-                failed = dispatch.train_members(store, todo, config.run.threads, ray, console)
-            else:
-                failed = _train_members(config, store, tracker_uri, todo, parallel, console)
-        except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP (cli.main): members were stopped and marked killed
-            if tracker is not None:
-                tracker.run_id = parent
-                tracker.end("KILLED")
-            raise ExperimentStopped(exp_id, name) from None
+            return _run_locked(config, store, tracker_uri, ms, params, console, parallel, ray, dispatch, kind, exp,
+                               name)
+        finally:
+            lock.release()
     finally:
         if dispatch is not None:
             dispatch.disconnect()
+
+
+def _run_locked(config: Config, store, tracker_uri: str | None, ms: Sequence[Member], params: dict, console,
+                parallel: int, ray, dispatch, kind: str, exp: dict, name: str) -> int:
+    """:func:`run_experiment` once it holds the experiment's lock: MLflow parent, members, training."""
+    from milegpo_cli.store.tracking import Tracker
+
+    exp_id = exp["id"]
+    tracker = Tracker(tracker_uri) if tracker_uri else None
+    parent = exp.get("mlflow_run_id")
+    if tracker is not None and not parent:  # the one a killed command left unrecorded, else a new one
+        parent = tracker.find_run({"milegpo.experiment_id": exp_id, "milegpo.experiment": name}) or \
+            tracker.start_run(name, params=params, tags={"milegpo.experiment_id": exp_id, "milegpo.experiment": name})
+        store.set_experiment_mlflow_run_id(exp_id, parent)
+
+    grid = sorted({k for m in ms for k, _ in m.sets})
+    existing = {member_key(r["config"], grid): r for r in store.list_runs(exp_id)}
+    plan: list[tuple[Member, int]] = []
+    done = set()
+    for m in ms:
+        cfg = member_config(config, m)
+        row = existing.get(member_key(cfg.to_dict(), grid))
+        rid = row["id"] if row else _register(store, tracker, cfg, exp_id, parent)
+        if row and not row.get("mlflow_run_id"):  # registration cut by a kill -9
+            _child_run(store, tracker, cfg, rid, exp_id, parent)
+        plan.append((m, rid))
+        if row and row["status"] == "finished":
+            done.add(rid)
+    todo = [(m, rid) for m, rid in seed_major(plan) if rid not in done]
+    console.print(f"{len(plan) - len(todo)} finished, {len(todo)} to train")
+
+    try:
+        if dispatch is not None:
+            failed = dispatch.train_members(store, todo, config.run.threads, ray, console)
+        else:
+            failed = _train_members(config, store, tracker_uri, todo, parallel, console)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP (cli.main): members were stopped and marked killed
+        if tracker is not None:
+            tracker.run_id = parent
+            tracker.end("KILLED")
+        raise ExperimentStopped(exp_id, name) from None
     console.print(_status_table(store, plan, f"experiment {exp_id}: {name}"))
     if tracker is not None:
         tracker.run_id = parent

@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, delete, event, func, inspect, insert, select, text, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session
 
 from envs.faults import fault_point
@@ -385,6 +385,14 @@ class RunStore:
             s.flush()
             return exp.id
         return self._write(fn)
+
+    def create_experiment_once(self, name: str, kind: str = "", recipe: str = "", config: dict | None = None) -> int:
+        """The id of the experiment ``name``, created unless another command created it meanwhile
+        (names are unique: two commands that start one experiment at once find the same row)."""
+        try:
+            return self.create_experiment(name, kind, recipe, config)
+        except IntegrityError:
+            return self.get_experiment(name)["id"]
 
     def set_experiment_mlflow_run_id(self, experiment_id: int, mlflow_run_id: str) -> None:
         self._write(lambda s: s.execute(update(Experiment).where(Experiment.id == experiment_id)
