@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from milegpo_cli.errors import RunNotFound, StoreError
 from milegpo_cli.interrupts import deferred_interrupts
 from milegpo_cli.store.models import Experiment, Run
-from milegpo_cli.store.repo import connection_lost
+from milegpo_cli.store.repo import connection_lost, unusable
 
 HEARTBEAT_S = 30.0
 STALE_S = 120.0
@@ -87,6 +87,8 @@ class RunLock:
         except DBAPIError as err:
             if connection_lost(err):
                 raise self.store.unreachable(err) from None
+            if unusable(err):  # a full disk: release() leaves the lock, taken over once its process is gone
+                raise StoreError(self.store.why(err)) from None
             raise
 
     @deferred_interrupts()
