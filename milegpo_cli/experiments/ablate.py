@@ -191,7 +191,7 @@ def run_experiment(config: Config, store, tracker_uri: str | None, ms: Sequence[
         raise ExperimentError(f"parallel: must be >= 1, got {parallel}")
     if ray is not None and parallel > 1:
         raise ExperimentError("--parallel and --ray exclude each other (Ray runs as many members as the cluster holds)")
-    dispatch = _connect(ray, store, tracker_uri or config.store.mlflow_uri, config.store.root)
+    dispatch = _connect(ray, store, tracker_uri or config.store.mlflow_uri, config.store.root, config.run.threads)
     try:
         spec = spec_of(config, ms)
         name = experiment_name(config, spec, kind)
@@ -271,8 +271,9 @@ def _find_experiment(store, name: str, legacy_name: str) -> dict:
         return store.get_experiment(legacy_name)
 
 
-def _connect(ray, store, mlflow_uri: str, runs_dir: str):
-    """The ray_dispatch module, joined to the cluster and with the shared folders checked (None without ``ray``)."""
+def _connect(ray, store, mlflow_uri: str, runs_dir: str, threads: int):
+    """The ray_dispatch module, joined to the cluster, with the shared folders checked and room for a
+    member of ``threads`` cores found before any member is registered (None without ``ray``)."""
     if ray is None:
         return None
     from milegpo_cli.experiments import ray_dispatch
@@ -280,6 +281,7 @@ def _connect(ray, store, mlflow_uri: str, runs_dir: str):
     ray_dispatch.connect(ray.address)
     try:
         ray_dispatch.check_shared(ray.address, store.url, mlflow_uri, runs_dir)
+        ray_dispatch.capacity(threads, ray.gpus)
     except BaseException:
         ray_dispatch.disconnect()
         raise

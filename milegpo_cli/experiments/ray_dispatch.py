@@ -16,6 +16,7 @@ node before anything starts. This module imports Ray; import it only when ``--ra
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import socket
@@ -100,9 +101,9 @@ def connect(address: str) -> None:
     try:
         if address == LOCAL:
             ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE,
-                     log_to_driver=False)
-        else:
-            ray.init(address=address, log_to_driver=False)
+                     log_to_driver=False, logging_level=logging.WARNING)
+        else:  # no INFO lines of Ray's in the driver's output, no workers' logs (each member has its own)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise ExperimentError(f"--ray {address}: cannot reach the cluster: {' '.join(str(err).split())}") from None
     finally:
@@ -128,15 +129,16 @@ def shared_paths(store_url: str, mlflow_uri: str, runs_dir: str | Path) -> dict[
     return out
 
 
-def unseen(paths: dict[str, Path], answers: dict[str, set[str]]) -> list[str]:
-    """'<what> <folder> is not seen by node <ip>' for every folder a node did not find (``answers``:
-    node ip -> the folders it found)."""
-    return [f"{what} {folder} is not seen by node {node}" for node, found in sorted(answers.items())
+def unseen(paths: dict[str, Path], answers: dict[str, tuple[str, set[str]]]) -> list[str]:
+    """'<what> <folder> is not seen by node <ip> (<node id>)' for every folder a node did not find
+    (``answers``: node id -> (its ip, the folders it found); keyed by id, as several nodes may share an ip)."""
+    return [f"{what} {folder} is not seen by node {ip} ({node[:12]})" for node, (ip, found) in sorted(answers.items())
             for what, folder in paths.items() if str(folder) not in found]
 
 
-def _found(markers: Sequence[str]) -> tuple[str, set[str]]:
-    return ray.util.get_node_ip_address(), {str(Path(m).parent) for m in markers if os.path.exists(m)}
+def _found(markers: Sequence[str]) -> tuple[str, tuple[str, set[str]]]:
+    return (ray.get_runtime_context().get_node_id(),
+            (ray.util.get_node_ip_address(), {str(Path(m).parent) for m in markers if os.path.exists(m)}))
 
 
 def check_shared(address: str, store_url: str, mlflow_uri: str, runs_dir: str | Path) -> None:
@@ -174,11 +176,15 @@ def _die_with_parent() -> None:
         pass
 
 
-def _member(cmd: list[str], env: dict[str, str], cwd: str, log_path: str, attempt: int) -> int:
-    """The Ray task of a member: ``milegpo train --resume RUN`` on this node; its return code. A
+def _member(cmd: list[str], env: dict[str, str], cwd: str, log_path: str, attempt: int) -> int | str:
+    """The Ray task of a member: ``milegpo train --resume RUN`` on this node; its return code (a
+    string: the working or log folder this node does not see, so ``train`` never started). A
     cancelled task (Ctrl-C of the driver) stops ``train`` as SIGTERM does: the run is marked killed.
     ``train`` joins this cluster (``RAY_ADDRESS``) for engine actors (env.alfworld.workers_backend)."""
     full = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, **env}
+    for folder in (cwd, os.path.dirname(os.path.join(cwd, log_path))):
+        if not os.path.isdir(folder):  # every attempt here would fail alike: no retry (train_members)
+            return f"folder {folder} is not seen by node {ray.util.get_node_ip_address()}"
     with open(os.path.join(cwd, log_path), "ab") as log:
         proc = subprocess.Popen([sys.executable, *cmd], stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=full,
                                 preexec_fn=_die_with_parent, start_new_session=True)
@@ -240,6 +246,10 @@ def train_members(store, todo: list, threads: int, options, console) -> list[str
                     code, why = ray.get(ref), ""
                 except ray.exceptions.RayError as err:  # worker or node died, task cancelled
                     code, why = None, type(err).__name__
+                if isinstance(code, str):  # a folder this node does not see: each attempt would fail alike
+                    failed.append(f"{m.label} (run {rid}: {code})")
+                    console.print(f"[red]{m.label} (run {rid}) failed: {code}[/red]")
+                    continue
                 status = store.get_run(rid)["status"]
                 if code == 0 and status == "finished":
                     console.print(f"{m.label} (run {rid}) finished")
