@@ -20,7 +20,7 @@ from rich.console import Console
 
 from envs.base import EnvError
 from milegpo_cli.config import Config, credit_overrides, default_db_url, default_tracking_uri, load_config
-from milegpo_cli.errors import MilegpoError, RunStopped, StoreError
+from milegpo_cli.errors import ExperimentStopped, MilegpoError, RunStopped, StoreError
 from milegpo_cli.relaunch import ensure_cpu_processes
 from milegpo_cli.run_folder import command_root, reroot
 
@@ -35,7 +35,7 @@ app.add_typer(envs_app, name="envs")
 policy_app = typer.Typer(help="Starting policies: build the cached base policy.", no_args_is_help=True,
                          rich_markup_mode=None)
 app.add_typer(policy_app, name="policy")
-console = Console()
+console = Console(soft_wrap=not sys.stdout.isatty())  # a log file: one message per line, not wrapped at 80 columns
 
 def _fail(message: str, code: int) -> typer.Exit:
     typer.secho(f"error: {' '.join(message.split())}", fg="red", err=True)
@@ -58,6 +58,10 @@ def _command(fn: Callable) -> Callable:
             typer.secho(f"run {err.run_id} stopped (marked killed); resume it with: {err.command}", fg="yellow",
                         err=True)
             raise typer.Exit(130) from None
+        except ExperimentStopped as err:  # exit 128 + the signal: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP
+            typer.secho(f"experiment {err.exp_id} ({err.name}) stopped, its running members marked killed; "
+                        "resume it by running the same command again", fg="yellow", err=True)
+            raise typer.Exit(128 + _stop_signal[-1]) from None
         finally:
             while _opened_stores:
                 _opened_stores.pop().close()
@@ -221,11 +225,11 @@ def rollout(run: Annotated[str, typer.Option("--run", metavar="RUN", help="Run i
 
 @app.command()
 @_command
-def credit(input_arg: Annotated[Optional[Path], typer.Argument(
-               metavar="INPUT", exists=True, dir_okay=False, hidden=True)] = None,
-           input_opt: Annotated[Optional[Path], typer.Option(
-               "--input", "-i", metavar="FILE", exists=True, dir_okay=False,
-               help="Rollouts, JSON Lines (docs/rollouts.md) [default: the INPUT argument].")] = None,
+def credit(input_arg: Annotated[Optional[str], typer.Argument(
+               metavar="INPUT", exists=True, dir_okay=False, allow_dash=True, hidden=True)] = None,
+           input_opt: Annotated[Optional[str], typer.Option(  # str: typer drops allow_dash for a Path
+               "--input", "-i", metavar="FILE", exists=True, dir_okay=False, allow_dash=True,
+               help="Rollouts, JSON Lines (docs/rollouts.md), or - for standard input [default: the INPUT argument].")] = None,
            output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE", help="Per-step advantages, JSON Lines.")] = ...,
            algo: Annotated[str, typer.Option("--algo", metavar="ALGO", help=(
                "grpo, gigpo, graphgpo, milegpo, hgpo or oracle-milestones (needs steps[t].subgoals)."))] = "milegpo",
@@ -239,7 +243,7 @@ def credit(input_arg: Annotated[Optional[Path], typer.Argument(
                     "[default: not written].")] = None) -> None:
     """Advantages of any estimator for rollouts from elsewhere.
 
-    INPUT (or --input FILE): the rollouts, JSON Lines (docs/rollouts.md).
+    INPUT (or --input FILE): the rollouts, JSON Lines (docs/rollouts.md); - reads standard input.
     """
     if (input_arg is None) == (input_opt is None):
         raise _fail("credit: give the rollouts file once, as INPUT or as --input FILE", 2)
@@ -276,6 +280,15 @@ def _ray_options(address: str | None, gpus: float, parallel: int):
     return RayOptions(address, gpus)
 
 
+def _ray_connect(options) -> None:
+    """Join the --ray cluster before the store is created: an address where none answers is one line
+    within the connect timeout, and creates nothing (experiments/ray_dispatch.py)."""
+    if options is not None:
+        from milegpo_cli.experiments.ray_dispatch import connect
+
+        connect(options.address)
+
+
 @app.command()
 @_command
 def ablate(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, drop: DropOpt = None,
@@ -301,6 +314,7 @@ def ablate(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, drop: DropOpt = 
     config = _config(recipe, sets, algo, None, model, iterations, None, db, mlflow_uri, runs_dir)
     _runs_folder(config)
     _engine_data(config.store.root)
+    _ray_connect(ray_options)
     from milegpo_cli.experiments.ablate import run_ablate
 
     run_ablate(config, _store(config.store.db, runs_dir, create=True), config.store.mlflow_uri, (drop or None) if ablations else [],
@@ -317,7 +331,8 @@ def sweep(grid: Annotated[list[str], typer.Option(
           recipe: RecipeOpt = "alfworld", sets: SetOpt = None, seeds: SeedsOpt = 3, algo: AlgoOpt = None,
           model: ModelOpt = None, iterations: ItersOpt = None, drop: DropOpt = None, db: DbOpt = None,
           mlflow_uri: MlflowOpt = None, runs_dir: RunsDirOpt = None, parallel: ParallelOpt = 1, ray: RayOpt = None,
-          ray_gpus: RayGpusOpt = 0.0) -> None:
+          ray_gpus: RayGpusOpt = 0.0,
+          yes: Annotated[bool, typer.Option("--yes", help="Go on with a grid of more than 500 members.")] = False) -> None:
     """Sweep config values over seeds, as one experiment.
 
     Trains every combination of the --grid values over seeds; rerun the same command to resume it.
@@ -327,10 +342,11 @@ def sweep(grid: Annotated[list[str], typer.Option(
     config = _config(recipe, sets, algo, None, model, iterations, drop, db, mlflow_uri, runs_dir)
     _runs_folder(config)
     _engine_data(config.store.root)
+    _ray_connect(ray_options)
     from milegpo_cli.experiments.sweep import run_sweep
 
     run_sweep(config, _store(config.store.db, runs_dir, create=True), config.store.mlflow_uri, grid, seeds, console,
-              parallel=parallel, ray=ray_options)
+              parallel=parallel, ray=ray_options, yes=yes)
 
 
 @app.command()
@@ -512,11 +528,15 @@ def policy_build_base(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, runs_
     console.print(f"base policy {folder}: " + "  ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
 
 
+_stop_signal = [signal.SIGINT]  # the signal that stopped the command (Ctrl-C unless a handler below says otherwise)
+
+
 def _sigterm_as_interrupt(signum, frame) -> None:
-    """SIGTERM (``kill``, a scheduler, ``milegpo ablate`` stopping its members) ends a command as Ctrl-C
-    does: a run is marked killed in the store and MLflow. Later SIGTERMs are ignored so that the
-    cleanup finishes."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """SIGTERM (``kill``, a scheduler, ``milegpo ablate`` stopping its members) and SIGHUP (the terminal
+    closed) end a command as Ctrl-C does: a run is marked killed in the store and MLflow. Later ones
+    are ignored so that the cleanup finishes."""
+    signal.signal(signum, signal.SIG_IGN)
+    _stop_signal.append(signum)
     raise KeyboardInterrupt
 
 
@@ -525,4 +545,6 @@ def main() -> None:
     if not sys.stderr.isatty():  # a log file gets no transformers / huggingface_hub progress bars
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup: stays ignored
+        signal.signal(signal.SIGHUP, _sigterm_as_interrupt)
     app()

@@ -368,6 +368,8 @@ def read_recipe(recipe: str | Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as err:
         msg, where = _split_position(str(err))
         raise ConfigError(f"recipe {recipe}: TOML syntax error{where}: {msg}") from None
+    except RecursionError:  # tomllib recurses per level: a few hundred levels exhaust Python's stack
+        raise ConfigError(f"recipe {recipe}: TOML nested too deep") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"recipe {recipe}: cannot read {path}: {err}") from None
 
@@ -384,6 +386,8 @@ def parse_value(text: str) -> Any:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    except RecursionError:  # see read_recipe
+        raise ConfigError(f"value {text[:40]}...: TOML nested too deep") from None
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -27,3 +27,12 @@ class RunStopped(KeyboardInterrupt):
     def __init__(self, run_id: int, command: str):
         super().__init__(f"run {run_id} stopped")
         self.run_id, self.command = run_id, command
+
+
+class ExperimentStopped(KeyboardInterrupt):
+    """Ctrl-C, SIGTERM or SIGHUP stopped experiment ``exp_id`` (``ablate`` / ``sweep``): its running
+    members were stopped and marked killed; the same command resumes it."""
+
+    def __init__(self, exp_id: int, name: str):
+        super().__init__(f"experiment {exp_id} stopped")
+        self.exp_id, self.name = exp_id, name

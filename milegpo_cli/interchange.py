@@ -10,10 +10,13 @@ Output, one line per step:
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import math
+import shutil
 import sys
+import tempfile
 import zlib
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -99,9 +102,11 @@ def parse_rollout(text: str, line: int) -> Rollout:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise InterchangeError(line, "<json>", f"invalid JSON ({e.msg} at column {e.colno})") from None
+        raise InterchangeError(line, "<json>", f"invalid JSON ({e.msg.removesuffix(' at')} at column {e.colno})") from None
     except ValueError as e:  # an integer of more than sys.get_int_max_str_digits() digits
         raise InterchangeError(line, "<json>", f"unreadable JSON ({str(e).split(':')[0]})") from None
+    except RecursionError:  # json's own limit (about 1,000 levels at Python's default recursion limit)
+        raise InterchangeError(line, "<json>", "nested too deep") from None
     if not isinstance(obj, dict):
         raise InterchangeError(line, "<json>", "expected a JSON object")
     for key in ("group", "rollout", "outcome", "steps"):
@@ -136,17 +141,45 @@ def parse_rollout(text: str, line: int) -> Rollout:
                    subgoals=_per_step(steps, "subgoals", _subgoals, line), final_state=final_state)
 
 
+STDIN = "-"  # the input path that reads standard input
+MAX_LINE_BYTES = 64 * 2**20  # one input line, after gunzipping (docs/rollouts.md, "Limits")
+
+
+def _opened(path: str | Path):
+    """The input as a binary stream: standard input for ``-``, else the file (a pipe or FIFO too);
+    one that cannot be opened (missing, a folder, unreadable) is a one-line error."""
+    if str(path) == STDIN:
+        return contextlib.nullcontext(sys.stdin.buffer)
+    try:
+        return open(path, "rb")
+    except OSError as err:
+        raise MilegpoError(f"input {path}: cannot be read ({err.strerror})") from None
+
+
+def _bounded_lines(f) -> Iterator[bytes]:
+    """The lines of binary stream ``f``; a line longer than ``MAX_LINE_BYTES`` is an error naming it,
+    read no further than the limit (a gzip bomb of one endless line stops there)."""
+    for number in range(1, sys.maxsize):
+        line = f.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE_BYTES:
+            raise InterchangeError(number, "<line>", f"longer than {MAX_LINE_BYTES // 2**20} MiB")
+        yield line
+
+
 def _raw_lines(path: str | Path) -> Iterator[bytes]:
-    """The lines of a file, gunzipped when it starts with gzip's magic bytes; damaged gzip data is
-    an error naming the line it cuts."""
-    with open(path, "rb") as raw:
+    """The lines of a file (``-``: standard input), gunzipped when it starts with gzip's magic bytes;
+    damaged gzip data is an error naming the line it cuts."""
+    with _opened(path) as raw:
         if raw.peek(2)[:2] != GZIP_MAGIC:
-            yield from raw
+            yield from _bounded_lines(raw)
             return
         with gzip.GzipFile(fileobj=raw) as f:
+            lines = _bounded_lines(f)
             for number in range(1, sys.maxsize):
                 try:
-                    line = f.readline()
+                    line = next(lines, b"")
                 except (OSError, EOFError, zlib.error) as e:
                     raise InterchangeError(number, "<gzip>", f"damaged gzip data ({e})") from None
                 if not line:
@@ -178,11 +211,29 @@ def check_rollouts(path: str | Path) -> int:
     return len(seen)
 
 
+@contextlib.contextmanager
+def seekable(path: str | Path) -> Iterator[str | Path]:
+    """``path`` itself when it is a regular file; otherwise (``-``, a pipe, a FIFO, a process
+    substitution) a temporary copy of what it gives, so that it can be read twice (removed after)."""
+    if str(path) != STDIN and Path(path).is_file():
+        yield path
+        return
+    with _opened(path) as src, tempfile.NamedTemporaryFile(prefix="milegpo-input-", suffix=".jsonl") as copy:
+        try:
+            shutil.copyfileobj(src, copy, 2**20)
+            copy.flush()
+        except OSError as err:
+            raise MilegpoError(f"input {path}: cannot be copied to {tempfile.gettempdir()} "
+                               f"({err.strerror}); set TMPDIR to a folder with room") from None
+        yield copy.name
+
+
 def read_rollouts(path: str | Path) -> list[Rollout]:
     """All rollouts of a file, read only once :func:`check_rollouts` passed: a bad line anywhere
-    fails before anything is held in memory."""
-    check_rollouts(path)
-    return [r for _, r in iter_rollouts(path)]
+    fails before anything is held in memory (a pipe is copied first: :func:`seekable`)."""
+    with seekable(path) as file:
+        check_rollouts(file)
+        return [r for _, r in iter_rollouts(file)]
 
 
 def rollout_line(r: Rollout) -> str:
@@ -264,12 +315,14 @@ def run_credit_file(input_path: str | Path, output_path: str | Path, algo: str, 
     """
     config = credit_config(overrides or {})
     _check_estimator(algo, drop)
-    out = OutputFile(output_path, "-o", {"the input": input_path})
+    source = None if str(input_path) == STDIN else input_path
+    out = OutputFile(output_path, "-o", {"the input": source})
     ms = None if milestones_path is None else OutputFile(milestones_path, "--milestones",
-                                                         {"the input": input_path, "-o": output_path})
-    rollouts = read_rollouts(input_path)
-    if algo in NEEDS_SUBGOALS and any(r.subgoals is None for r in rollouts):
-        _missing_subgoals(input_path, algo)
+                                                         {"the input": source, "-o": output_path})
+    with seekable(input_path) as file:
+        rollouts = read_rollouts(file)
+        if algo in NEEDS_SUBGOALS and any(r.subgoals is None for r in rollouts):
+            _missing_subgoals(file, algo)
     batch = RolloutBatch.from_rollouts(rollouts, success_threshold=config.success_threshold)
     result = compute_advantages(batch, algo, config, drop=frozenset(drop))
     outputs = [(out, step_lines(batch, result))]

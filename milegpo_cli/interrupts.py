@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM wait for the end of a database write.
+"""Ctrl-C, SIGTERM and SIGHUP wait for the end of a database write.
 
 A ``KeyboardInterrupt`` raised in the middle of a transaction (the run store's, MLflow's) can leave
 its connection open and holding SQLite's write lock: the cleanup that then marks the run killed
@@ -14,7 +14,7 @@ import signal
 import threading
 from typing import Iterator
 
-DEFERRED = (signal.SIGINT, signal.SIGTERM)
+DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager

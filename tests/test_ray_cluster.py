@@ -69,9 +69,14 @@ def test_unseen_names_the_folder_and_node():
 
     paths = shared_paths("sqlite:////shared/runs/milegpo.db", "http://mlflow:5000", "/shared/runs")
     assert paths == {"--runs-dir": Path("/shared/runs"), "--db (a SQLite store)": Path("/shared/runs")}
-    assert unseen(paths, {"10.0.0.1": {"/shared/runs"}}) == []
-    assert unseen(paths, {"10.0.0.1": {"/shared/runs"}, "10.0.0.2": set()}) == [
-        "--runs-dir /shared/runs is not seen by node 10.0.0.2", "--db (a SQLite store) /shared/runs is not seen by node 10.0.0.2"]
+    assert unseen(paths, {"a" * 56: ("10.0.0.1", {"/shared/runs"})}) == []
+    assert unseen(paths, {"a" * 56: ("10.0.0.1", {"/shared/runs"}), "b" * 56: ("10.0.0.2", set())}) == [
+        "--runs-dir /shared/runs is not seen by node 10.0.0.2 (bbbbbbbbbbbb)",
+        "--db (a SQLite store) /shared/runs is not seen by node 10.0.0.2 (bbbbbbbbbbbb)"]
+    # two nodes on one ip (containers, several raylets on one host): each answer counts
+    assert unseen(paths, {"a" * 56: ("10.0.0.1", set()), "b" * 56: ("10.0.0.1", {"/shared/runs"})}) == [
+        "--runs-dir /shared/runs is not seen by node 10.0.0.1 (aaaaaaaaaaaa)",
+        "--db (a SQLite store) /shared/runs is not seen by node 10.0.0.1 (aaaaaaaaaaaa)"]
     assert shared_paths("postgresql+psycopg://u@db/milegpo", "file:///shared/mlruns", "/shared/runs")[
         "--mlflow-uri (a file store)"] == Path("/shared/mlruns")
 
@@ -193,3 +198,42 @@ def test_ray_usage_errors_are_one_line():
         p = _cli("ablate", "--recipe", "webshop", *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = p.communicate(timeout=120)
         assert p.returncode == 2 and len(err.strip().splitlines()) == 1 and err.startswith(f"error: {msg}"), err
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_ray_driver_stops_every_member_at_once(cluster, tmp_path):
+    """Two members train on the two nodes; SIGTERM to the driver: within 30 s every member is killed in
+    the store and MLflow, one line, exit 143 (they trained on for ~60 s and stayed running before)."""
+    from test_reliability_drivers import LONG, _stop_and_check
+
+    proc = _cli("ablate", "--recipe", "webshop", *LONG, "--no-ablations", "--seeds", "2", "--ray", cluster.address,
+                "--runs-dir", str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = _stop_and_check(proc, signal.SIGTERM, tmp_path, 2)
+    assert "stopped milegpo s0" in out and "stopped milegpo s1" in out
+
+
+def test_members_that_no_node_has_room_for_are_refused_before_registering(cluster, tmp_path):
+    """run.threads = 2 on 1-CPU nodes: one line, and no experiment or member run left in the store (4
+    member runs were left `created`)."""
+    sets = [a for s in TINY if not s.startswith("run.threads") for a in ("--set", s)]
+    p = _cli("ablate", "--recipe", "webshop", *sets, "--set", "run.threads=2", "--seeds", "2", "--drop", "reliability",
+             "--ray", cluster.address, "--runs-dir", str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: --ray: no node has room for a member (2 CPUs = run.threads"), err
+    store = RunStore(f"sqlite:///{tmp_path / 'milegpo.db'}")
+    assert store.list_runs() == [] and store.list_experiments() == []
+
+
+def test_a_member_on_a_node_without_its_folder_is_not_retried(cluster, tmp_path):
+    """The task finds no working folder on its node: it says so instead of raising, so that the driver
+    does not resubmit a member whose every attempt must fail."""
+    from milegpo_cli.experiments import ray_dispatch
+
+    ray_dispatch.connect(cluster.address)
+    try:
+        task = ray.remote(ray_dispatch._member).options(num_cpus=0)
+        answer = ray.get(task.remote(["-c", "pass"], {}, str(tmp_path / "not-here"), "logs/run1.log", 1), timeout=120)
+        assert answer.startswith(f"folder {tmp_path / 'not-here'} is not seen by node "), answer
+    finally:
+        ray_dispatch.disconnect()

@@ -281,3 +281,26 @@ def test_v1_store_is_upgraded_in_place(store_url):
     with RunStore(store_url) as s:  # opening it again changes nothing
         assert len(s.candidates(run["id"])) == 4
         assert s.evaluations(run["id"])[0]["phase"] == "untrained"
+
+
+def test_upgrade_to_v5_makes_experiment_names_unique(store_url):
+    """Experiments of one name (two commands started one experiment twice): the newest keeps the name,
+    the others become NAME~ID, and a second experiment of a name can no longer be created."""
+    from sqlalchemy.exc import IntegrityError
+
+    write_v1_store(store_url)
+    engine = create_engine(store_url)
+    with engine.begin() as conn:
+        for _ in range(3):
+            conn.execute(text("INSERT INTO experiments (name, kind, recipe, config, created_at) "
+                              "VALUES ('sweep-x', 'sweep', '', '{}', CURRENT_TIMESTAMP)"))
+    engine.dispose()
+    with RunStore(store_url) as s:
+        names = [(e["id"], e["name"]) for e in s.list_experiments()]
+        newest = max(i for i, n in names if n == "sweep-x")
+        assert sorted(n for _, n in names if n.startswith("sweep-x")) == sorted(
+            ["sweep-x"] + [f"sweep-x~{i}" for i, _ in names if i != newest and _.startswith("sweep-x")])
+        assert s.get_experiment("sweep-x")["id"] == newest
+        with pytest.raises(IntegrityError):
+            s.create_experiment("sweep-x")
+        assert s.create_experiment_once("sweep-x") == newest

@@ -160,6 +160,18 @@ def test_fit_to_cores_sizes_workers_and_lanes(monkeypatch):
     assert one.to_dict()["run"] == config.to_dict()["run"]
 
 
+def test_engine_actors_are_not_capped_by_the_members_cores(monkeypatch):
+    """``workers_backend = "ray"`` in a 1-core ``ablate --ray`` member ran no actor at all (the 1-core
+    plan steps the engines in-process): the actors live on the cluster's nodes, their number stays."""
+    monkeypatch.setattr(cores, "affinity_cpus", lambda: {0, 1})
+    monkeypatch.setattr(cores, "cgroup_quota", lambda: None)
+    monkeypatch.setenv(CORES_ENV, "1")
+    config = load_config("alfworld", ["env.alfworld.workers_backend=\"ray\"", "env.alfworld.workers=3",
+                                      "rollout.lanes=2"])
+    one = fit_to_cores(config)
+    assert (one.env.alfworld.workers, one.rollout.lanes, one.rollout.threads) == (3, 2, 1)
+
+
 def test_torch_threads_sets_and_restores(monkeypatch):
     monkeypatch.setattr(cores, "affinity_cpus", lambda: {0, 1})
     monkeypatch.setattr(cores, "cgroup_quota", lambda: None)

@@ -28,9 +28,11 @@ from rich.table import Table as RichTable
 
 from milegpo_cli.config import Config
 from milegpo_cli.credit.config import RECIPE_SETTINGS, canonical_drop
-from milegpo_cli.errors import RunNotFound
+from milegpo_cli.errors import ExperimentStopped, RunNotFound
+from milegpo_cli.store.locks import ExperimentLock
 from milegpo_cli.experiments.diagnostics import BASELINES, DEFAULT_ABLATIONS
 from milegpo_cli.experiments.runs import ExperimentError, dotted
+from milegpo_cli.run_folder import reroot
 from milegpo_cli.cores import CORES_ENV, member_share, process_cores
 
 
@@ -103,8 +105,19 @@ def member_config(config: Config, m: Member) -> Config:
     return Config.from_dict(d)
 
 
-def spec_of(config: Config, ms: Sequence[Member]) -> dict:
-    base = config.to_dict()
+FOLDER = "<runs-dir>"  # the run folder in an experiment's spec: its identity does not depend on where it lives
+
+
+def spec_of(config: Config, ms: Sequence[Member], legacy: bool = False) -> dict:
+    """What identifies an experiment: its base config and members. Not the store, the MLflow store,
+    the run folder (paths derived from it are written under :data:`FOLDER`) nor how the recipe was
+    named (``alfworld`` or ``recipes/alfworld.toml``), so a moved folder or a path typed otherwise
+    finds the same experiment. ``legacy``: the spec of milegpo before issue 45, which held all of them."""
+    if legacy:
+        base = config.to_dict()
+    else:
+        base = reroot(config, FOLDER).to_dict()
+        del base["store"], base["recipe"]
     base["run"].update(seed=0, name="")
     return {"base": base, "members": [[m.algo, list(m.drop), m.seed] + ([dict(m.sets)] if m.sets else []) for m in ms]}
 
@@ -128,11 +141,23 @@ def _register(store, tracker, cfg: Config, exp_id: int, parent: str | None) -> i
     rid = store.create_run(name=run_name(cfg), algo=cfg.run.algo, seed=cfg.run.seed, recipe=cfg.recipe,
                            config=cfg.to_dict(), drop=cfg.credit.drop, git_commit=_git_commit(),
                            versions=_versions(), experiment_id=exp_id)
-    if tracker is not None:
-        mid = tracker.start_run(run_name(cfg), params=cfg.to_dict(), parent_run_id=parent,
-                                tags={"milegpo.run_id": rid, "milegpo.experiment_id": exp_id})
-        store.set_mlflow_run_id(rid, mid)
+    _child_run(store, tracker, cfg, rid, exp_id, parent)
     return rid
+
+
+def _child_run(store, tracker, cfg: Config, rid: int, exp_id: int, parent: str | None) -> None:
+    """Give store run ``rid`` its MLflow child run under ``parent``: the one a command killed during
+    registration left unrecorded (found by its tags), else a new one; so no child stays RUNNING forever
+    and ``train`` never starts a second, parentless run."""
+    from milegpo_cli.trainer.loop import run_name
+
+    if tracker is None:
+        return
+    tags = {"milegpo.run_id": rid, "milegpo.experiment_id": exp_id}
+    mid = tracker.find_run({**tags, "mlflow.parentRunId": parent}) if parent else None
+    if mid is None:
+        mid = tracker.start_run(run_name(cfg), params=cfg.to_dict(), parent_run_id=parent, tags=tags)
+    store.set_mlflow_run_id(rid, mid)
 
 
 def _status_table(store, rows: list[tuple[Member, int]], title: str) -> RichTable:
@@ -166,51 +191,68 @@ def run_experiment(config: Config, store, tracker_uri: str | None, ms: Sequence[
         raise ExperimentError(f"parallel: must be >= 1, got {parallel}")
     if ray is not None and parallel > 1:
         raise ExperimentError("--parallel and --ray exclude each other (Ray runs as many members as the cluster holds)")
-    dispatch = _connect(ray, store, tracker_uri or config.store.mlflow_uri, config.store.root)
+    dispatch = _connect(ray, store, tracker_uri or config.store.mlflow_uri, config.store.root, config.run.threads)
     try:
         spec = spec_of(config, ms)
         name = experiment_name(config, spec, kind)
         try:
-            exp = store.get_experiment(name)
-            exp_id = exp["id"]
+            exp = _find_experiment(store, name, experiment_name(config, spec_of(config, ms, legacy=True), kind))
+            exp_id, name = exp["id"], exp["name"]
             console.print(f"resuming experiment {exp_id} ({name})")
         except RunNotFound:
-            exp_id = store.create_experiment(name, kind=kind, recipe=config.recipe, config=spec)
+            exp_id = store.create_experiment_once(name, kind=kind, recipe=config.recipe, config=spec)
             exp = store.get_experiment(exp_id)
             console.print(f"experiment {exp_id} ({name}): {len(ms)} members")
-        tracker = Tracker(tracker_uri) if tracker_uri else None
-        parent = exp.get("mlflow_run_id")
-        if tracker is not None and not parent:
-            parent = tracker.start_run(name, params=params, tags={"milegpo.experiment_id": exp_id})
-            store.set_experiment_mlflow_run_id(exp_id, parent)
-
-        grid = sorted({k for m in ms for k, _ in m.sets})
-        existing = {member_key(r["config"], grid): r for r in store.list_runs(exp_id)}
-        plan: list[tuple[Member, int]] = []
-        done = set()
-        for m in ms:
-            cfg = member_config(config, m)
-            row = existing.get(member_key(cfg.to_dict(), grid))
-            rid = row["id"] if row else _register(store, tracker, cfg, exp_id, parent)
-            plan.append((m, rid))
-            if row and row["status"] == "finished":
-                done.add(rid)
-        todo = [(m, rid) for m, rid in seed_major(plan) if rid not in done]
-        console.print(f"{len(plan) - len(todo)} finished, {len(todo)} to train")
-
+        lock = ExperimentLock(store, exp_id).acquire()  # a second command of this experiment stops here
         try:
-            if dispatch is not None:
-                failed = dispatch.train_members(store, todo, config.run.threads, ray, console)
-            else:
-                failed = _train_members(config, store, tracker_uri, todo, parallel, console)
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (cli.main): members were stopped and marked killed
-            if tracker is not None:
-                tracker.run_id = parent
-                tracker.end("KILLED")
-            raise
+            return _run_locked(config, store, tracker_uri, ms, params, console, parallel, ray, dispatch, kind, exp,
+                               name)
+        finally:
+            lock.release()
     finally:
         if dispatch is not None:
             dispatch.disconnect()
+
+
+def _run_locked(config: Config, store, tracker_uri: str | None, ms: Sequence[Member], params: dict, console,
+                parallel: int, ray, dispatch, kind: str, exp: dict, name: str) -> int:
+    """:func:`run_experiment` once it holds the experiment's lock: MLflow parent, members, training."""
+    from milegpo_cli.store.tracking import Tracker
+
+    exp_id = exp["id"]
+    tracker = Tracker(tracker_uri) if tracker_uri else None
+    parent = exp.get("mlflow_run_id")
+    if tracker is not None and not parent:  # the one a killed command left unrecorded, else a new one
+        parent = tracker.find_run({"milegpo.experiment_id": exp_id, "milegpo.experiment": name}) or \
+            tracker.start_run(name, params=params, tags={"milegpo.experiment_id": exp_id, "milegpo.experiment": name})
+        store.set_experiment_mlflow_run_id(exp_id, parent)
+
+    grid = sorted({k for m in ms for k, _ in m.sets})
+    existing = {member_key(r["config"], grid): r for r in store.list_runs(exp_id)}
+    plan: list[tuple[Member, int]] = []
+    done = set()
+    for m in ms:
+        cfg = member_config(config, m)
+        row = existing.get(member_key(cfg.to_dict(), grid))
+        rid = row["id"] if row else _register(store, tracker, cfg, exp_id, parent)
+        if row and not row.get("mlflow_run_id"):  # registration cut by a kill -9
+            _child_run(store, tracker, cfg, rid, exp_id, parent)
+        plan.append((m, rid))
+        if row and row["status"] == "finished":
+            done.add(rid)
+    todo = [(m, rid) for m, rid in seed_major(plan) if rid not in done]
+    console.print(f"{len(plan) - len(todo)} finished, {len(todo)} to train")
+
+    try:
+        if dispatch is not None:
+            failed = dispatch.train_members(store, todo, config.run.threads, ray, console)
+        else:
+            failed = _train_members(config, store, tracker_uri, todo, parallel, console)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP (cli.main): members were stopped and marked killed
+        if tracker is not None:
+            tracker.run_id = parent
+            tracker.end("KILLED")
+        raise ExperimentStopped(exp_id, name) from None
     console.print(_status_table(store, plan, f"experiment {exp_id}: {name}"))
     if tracker is not None:
         tracker.run_id = parent
@@ -221,8 +263,17 @@ def run_experiment(config: Config, store, tracker_uri: str | None, ms: Sequence[
     return exp_id
 
 
-def _connect(ray, store, mlflow_uri: str, runs_dir: str):
-    """The ray_dispatch module, joined to the cluster and with the shared folders checked (None without ``ray``)."""
+def _find_experiment(store, name: str, legacy_name: str) -> dict:
+    """The experiment of this name, else one an older milegpo named from the spec with its folder."""
+    try:
+        return store.get_experiment(name)
+    except RunNotFound:
+        return store.get_experiment(legacy_name)
+
+
+def _connect(ray, store, mlflow_uri: str, runs_dir: str, threads: int):
+    """The ray_dispatch module, joined to the cluster, with the shared folders checked and room for a
+    member of ``threads`` cores found before any member is registered (None without ``ray``)."""
     if ray is None:
         return None
     from milegpo_cli.experiments import ray_dispatch
@@ -230,6 +281,7 @@ def _connect(ray, store, mlflow_uri: str, runs_dir: str):
     ray_dispatch.connect(ray.address)
     try:
         ray_dispatch.check_shared(ray.address, store.url, mlflow_uri, runs_dir)
+        ray_dispatch.capacity(threads, ray.gpus)
     except BaseException:
         ray_dispatch.disconnect()
         raise

@@ -16,8 +16,10 @@ node before anything starts. This module imports Ray; import it only when ``--ra
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -42,20 +44,72 @@ LOCAL_OBJECT_STORE = 128 * 2**20  # members exchange return codes only
 PASSED_ENV = ("ALFWORLD_DATA", "PYTHONPATH")  # the driver's paths, valid on every node of a shared folder
 PASSED_PREFIX = "MILEGPO_"
 STOP_GRACE_S = 60.0
+POLL_S = 0.5  # a member's task looks at its ``train`` this often: a cancel (Ctrl-C of the driver) lands between looks
+CONNECT_TIMEOUT_ENV = "MILEGPO_RAY_CONNECT_TIMEOUT"  # seconds; docs/scale.md
+CONNECT_TIMEOUT_S = 30.0
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS frame
+SETTINGS_FRAME = 4
+
+
+def connect_timeout() -> float:
+    """``MILEGPO_RAY_CONNECT_TIMEOUT`` (seconds, default 30)."""
+    text = os.environ.get(CONNECT_TIMEOUT_ENV, "")
+    try:
+        value = float(text) if text else CONNECT_TIMEOUT_S
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ExperimentError(f"{CONNECT_TIMEOUT_ENV}={text!r}: must be a number of seconds > 0")
+    return value
+
+
+def probe(address: str, timeout: float) -> None:
+    """Refuse (one line) a ``HOST:PORT`` where no Ray GCS answers, before anything is created: the port
+    must accept a connection within ``timeout`` and answer an HTTP/2 preface with a SETTINGS frame, as
+    the GCS's gRPC server does (ray.init would otherwise retry a closed port or an HTTP server for
+    minutes). ``auto``, ``local`` and ``ray://`` addresses are left to ray.init."""
+    host, sep, port = address.rpartition(":")
+    if "://" in address or not sep or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout) as conn:
+            conn.settimeout(timeout)
+            conn.sendall(HTTP2_PREFACE)
+            head = conn.recv(64)
+    except TimeoutError:
+        found = f"no answer within {timeout:g} s ({CONNECT_TIMEOUT_ENV})"
+    except OSError as err:
+        found = err.strerror or type(err).__name__
+    else:
+        if len(head) >= 9 and head[3] == SETTINGS_FRAME:
+            return
+        first = " ".join(head.splitlines()[0].decode("ascii", "replace").split())[:40] if head.strip() else ""
+        found = f"a server that is not Ray's (it answered {first!r})" if first else "a server that is not Ray's"
+    raise ExperimentError(f"--ray {address}: no Ray cluster there: {found}; give the head node's GCS address "
+                          "(ray start --head prints it) or local")
 
 
 def connect(address: str) -> None:
-    """Join the cluster at ``address`` (``local``: start one on this machine's cores)."""
+    """Join the cluster at ``address`` (``local``: start one on this machine's cores) within
+    :func:`connect_timeout`. ray.init's own SIGTERM handler is replaced by the one it found, so that
+    SIGTERM stops the members as Ctrl-C does."""
     if ray.is_initialized():
         return
+    timeout = connect_timeout()
+    probe(address, timeout)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         if address == LOCAL:
             ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE,
-                     log_to_driver=False)
-        else:
-            ray.init(address=address, log_to_driver=False)
+                     log_to_driver=False, logging_level=logging.WARNING)
+        else:  # no INFO lines of Ray's in the driver's output, no workers' logs (each member has its own)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as err:
-        raise ExperimentError(f"--ray {address}: cannot reach the cluster: {err}") from None
+        raise ExperimentError(f"--ray {address}: cannot reach the cluster: {' '.join(str(err).split())}") from None
+    finally:
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 def shared_paths(store_url: str, mlflow_uri: str, runs_dir: str | Path) -> dict[str, Path]:
@@ -75,15 +129,16 @@ def shared_paths(store_url: str, mlflow_uri: str, runs_dir: str | Path) -> dict[
     return out
 
 
-def unseen(paths: dict[str, Path], answers: dict[str, set[str]]) -> list[str]:
-    """'<what> <folder> is not seen by node <ip>' for every folder a node did not find (``answers``:
-    node ip -> the folders it found)."""
-    return [f"{what} {folder} is not seen by node {node}" for node, found in sorted(answers.items())
+def unseen(paths: dict[str, Path], answers: dict[str, tuple[str, set[str]]]) -> list[str]:
+    """'<what> <folder> is not seen by node <ip> (<node id>)' for every folder a node did not find
+    (``answers``: node id -> (its ip, the folders it found); keyed by id, as several nodes may share an ip)."""
+    return [f"{what} {folder} is not seen by node {ip} ({node[:12]})" for node, (ip, found) in sorted(answers.items())
             for what, folder in paths.items() if str(folder) not in found]
 
 
-def _found(markers: Sequence[str]) -> tuple[str, set[str]]:
-    return ray.util.get_node_ip_address(), {str(Path(m).parent) for m in markers if os.path.exists(m)}
+def _found(markers: Sequence[str]) -> tuple[str, tuple[str, set[str]]]:
+    return (ray.get_runtime_context().get_node_id(),
+            (ray.util.get_node_ip_address(), {str(Path(m).parent) for m in markers if os.path.exists(m)}))
 
 
 def check_shared(address: str, store_url: str, mlflow_uri: str, runs_dir: str | Path) -> None:
@@ -121,11 +176,15 @@ def _die_with_parent() -> None:
         pass
 
 
-def _member(cmd: list[str], env: dict[str, str], cwd: str, log_path: str, attempt: int) -> int:
-    """The Ray task of a member: ``milegpo train --resume RUN`` on this node; its return code. A
+def _member(cmd: list[str], env: dict[str, str], cwd: str, log_path: str, attempt: int) -> int | str:
+    """The Ray task of a member: ``milegpo train --resume RUN`` on this node; its return code (a
+    string: the working or log folder this node does not see, so ``train`` never started). A
     cancelled task (Ctrl-C of the driver) stops ``train`` as SIGTERM does: the run is marked killed.
     ``train`` joins this cluster (``RAY_ADDRESS``) for engine actors (env.alfworld.workers_backend)."""
     full = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, **env}
+    for folder in (cwd, os.path.dirname(os.path.join(cwd, log_path))):
+        if not os.path.isdir(folder):  # every attempt here would fail alike: no retry (train_members)
+            return f"folder {folder} is not seen by node {ray.util.get_node_ip_address()}"
     with open(os.path.join(cwd, log_path), "ab") as log:
         proc = subprocess.Popen([sys.executable, *cmd], stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=full,
                                 preexec_fn=_die_with_parent, start_new_session=True)
@@ -133,7 +192,11 @@ def _member(cmd: list[str], env: dict[str, str], cwd: str, log_path: str, attemp
                   f"train pid {proc.pid}\n".encode())
         log.flush()
         try:
-            return proc.wait()
+            while True:  # not one blocking wait: the KeyboardInterrupt of ray.cancel must find Python code running
+                try:
+                    return proc.wait(timeout=POLL_S)
+                except subprocess.TimeoutExpired:
+                    pass
         except KeyboardInterrupt:
             proc.terminate()
             try:
@@ -183,6 +246,10 @@ def train_members(store, todo: list, threads: int, options, console) -> list[str
                     code, why = ray.get(ref), ""
                 except ray.exceptions.RayError as err:  # worker or node died, task cancelled
                     code, why = None, type(err).__name__
+                if isinstance(code, str):  # a folder this node does not see: each attempt would fail alike
+                    failed.append(f"{m.label} (run {rid}: {code})")
+                    console.print(f"[red]{m.label} (run {rid}) failed: {code}[/red]")
+                    continue
                 status = store.get_run(rid)["status"]
                 if code == 0 and status == "finished":
                     console.print(f"{m.label} (run {rid}) finished")

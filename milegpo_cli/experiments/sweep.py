@@ -10,13 +10,16 @@ its runs by their grid values and ranks the variants (report.variants_table).
 from __future__ import annotations
 
 import itertools
+import json
+import math
 from typing import Any, Sequence
 
 from milegpo_cli.config import Config, flatten, parse_value
 from milegpo_cli.errors import ConfigError
 from milegpo_cli.experiments.ablate import Member, member_config, run_experiment
-from milegpo_cli.experiments.runs import ExperimentError
+from milegpo_cli.experiments.runs import ExperimentError, dotted
 
+MAX_UNCONFIRMED = 500  # members a sweep registers without --yes (registering takes ~0.3 s each before any training)
 FIXED = ("run.seed", "run.name", "run.algo", "credit.drop")  # set by --seeds; one algo and drop per sweep (ablate varies those)
 
 
@@ -59,10 +62,27 @@ def parse_grid(config: Config, texts: Sequence[str]) -> list[tuple[str, list[Any
         values = [parse_value(v) for v in _split_values(rest)]
         if len({repr(v) for v in values}) != len(values) or any(v == "" for v in values):
             raise ExperimentError(f"--grid {key}: empty or repeated values in {rest!r}")
+        _refuse_equal_settings(config, key, values)
         grid.append((key, values))
     if not grid:
         raise ExperimentError("sweep: give at least one --grid section.key=V1,V2,...")
     return grid
+
+
+def _refuse_equal_settings(config: Config, key: str, values: list[Any]) -> None:
+    """Two values that the config turns into one setting (``0`` and ``0.0`` for a float) would train one
+    member twice: refused in one line. A value the config refuses is left to :func:`members`."""
+    seen: dict[str, Any] = {}
+    for value in values:
+        try:
+            setting = dotted(member_config(config, Member(config.run.algo, (), 0, ((key, value),))).to_dict(), key)
+        except ConfigError:
+            continue
+        text = json.dumps(setting, sort_keys=True)
+        if text in seen:
+            raise ExperimentError(f"--grid {key}: {seen[text]!r} and {value!r} are the same setting ({text}); "
+                                  "give each value once")
+        seen[text] = value
 
 
 def members(config: Config, grid: Sequence[tuple[str, list[Any]]], seeds: int) -> list[Member]:
@@ -82,10 +102,20 @@ def members(config: Config, grid: Sequence[tuple[str, list[Any]]], seeds: int) -
     return out
 
 
+def count_members(grid: Sequence[tuple[str, list[Any]]], seeds: int) -> int:
+    return math.prod(len(values) for _, values in grid) * seeds
+
+
 def run_sweep(config: Config, store, tracker_uri: str | None, grid_texts: Sequence[str], seeds: int, console,
-              parallel: int = 1, ray=None) -> int:
-    """Run (or resume) the sweep; returns its experiment id."""
+              parallel: int = 1, ray=None, yes: bool = False) -> int:
+    """Run (or resume) the sweep; returns its experiment id. Over :data:`MAX_UNCONFIRMED` members it needs
+    ``yes`` (``--yes``), checked before anything is registered."""
     grid = parse_grid(config, grid_texts)
+    n = count_members(grid, seeds)
+    if n > MAX_UNCONFIRMED and not yes:
+        raise ExperimentError(f"sweep: the grid makes {n} members ({n // seeds} variants x {seeds} seeds), more than "
+                              f"{MAX_UNCONFIRMED}; registering them takes about {n * 0.3 / 60:.0f} min before any "
+                              "training: pass --yes to go on")
     ms = members(config, grid, seeds)
     params = {"sweep": {"grid": {k: v for k, v in grid}, "seeds": seeds, "recipe": config.recipe}}
     return run_experiment(config, store, tracker_uri, ms, "sweep", params, console, parallel, ray)

@@ -15,6 +15,8 @@ from sqlalchemy.exc import ArgumentError
 
 from milegpo_cli.errors import StoreError
 
+SIDE_FILES = ("-journal", "-wal", "-shm")  # files SQLite keeps beside a database, read as part of it
+
 
 def sqlite_path(url: str) -> Path:
     """The file of a SQLite store URL (a bare path is one); StoreError for any other store."""
@@ -38,6 +40,10 @@ def backup_sqlite(url: str, dest: str | Path) -> int:
         raise StoreError(f"no store at {src_path}")
     if dest.exists():
         raise StoreError(f"{dest} exists: give a new file")
+    own = {src_path.resolve().with_name(src_path.name + s) for s in SIDE_FILES}
+    if dest.parent.is_dir() and dest.parent.resolve() / dest.name in own:
+        raise StoreError(f"{dest} is a file SQLite keeps beside the store {src_path} (its journal, write-ahead log "
+                         "or shared memory): a copy there would break the store; give another name")
     if not dest.parent.is_dir():
         raise StoreError(f"{dest.parent} is not a folder")
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")

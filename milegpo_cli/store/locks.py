@@ -1,4 +1,5 @@
-"""One trainer per run: the run's row names the process training it (issue 35, docs/reliability.md).
+"""One trainer per run: the run's row names the process training it (issue 35, docs/reliability.md);
+likewise one command per experiment (``ablate`` / ``sweep``, issue 45: :class:`ExperimentLock`).
 
 ``train`` takes the lock of its run before it changes anything, and a second ``train --resume`` of the
 same run is refused with :class:`RunLocked` naming the holder (host, pid, age of its heartbeat). The
@@ -26,8 +27,8 @@ from sqlalchemy.orm import Session
 
 from milegpo_cli.errors import RunNotFound, StoreError
 from milegpo_cli.interrupts import deferred_interrupts
-from milegpo_cli.store.models import Run
-from milegpo_cli.store.repo import connection_lost
+from milegpo_cli.store.models import Experiment, Run
+from milegpo_cli.store.repo import connection_lost, unusable
 
 HEARTBEAT_S = 30.0
 STALE_S = 120.0
@@ -57,18 +58,21 @@ def holder_alive(host: str, pid: int, heartbeat: float, now: float) -> bool:
 
 
 def refuse_if_held(run_id: int, host: str | None, pid: int | None, heartbeat: float | None,
-                   mine: tuple[str, int] | None = None) -> None:
+                   mine: tuple[str, int] | None = None, what: str = "run {} is being trained") -> None:
     """Raise RunLocked when run ``run_id``'s lock (its row's ``lock_*`` columns) is held by a live
-    process other than ``mine`` (host, pid)."""
+    process other than ``mine`` (host, pid); ``what``: how the message names the row and its holder."""
     now = time.time()
     if pid is None or (host, pid) == mine or not holder_alive(host, pid, heartbeat or 0.0, now):
         return
-    raise RunLocked(f"run {run_id} is being trained by pid {pid} on host {host} (heartbeat {now - heartbeat:.0f} s "
+    raise RunLocked(f"{what.format(run_id)} by pid {pid} on host {host} (heartbeat {now - heartbeat:.0f} s "
                     f"ago): wait for it to end, or stop that process; a lock whose process is gone is taken over")
 
 
 class RunLock:
     """The lock of run ``run_id`` in ``store`` for this process (a context manager)."""
+
+    model: type = Run
+    what = "run {} is being trained"
 
     def __init__(self, store, run_id: int):
         self.store, self.run_id = store, run_id
@@ -83,16 +87,19 @@ class RunLock:
         except DBAPIError as err:
             if connection_lost(err):
                 raise self.store.unreachable(err) from None
+            if unusable(err):  # a full disk: release() leaves the lock, taken over once its process is gone
+                raise StoreError(self.store.why(err)) from None
             raise
 
     @deferred_interrupts()
     def acquire(self) -> RunLock:
         """Take the lock (or raise RunLocked) and start the heartbeat."""
         def fn(s: Session) -> None:
-            run = s.get(Run, self.run_id, with_for_update=True)
+            run = s.get(self.model, self.run_id, with_for_update=True)
             if run is None:
-                raise RunNotFound(f"run {self.run_id} not found in {self.store.display_url}")
-            refuse_if_held(self.run_id, run.lock_host, run.lock_pid, run.lock_heartbeat, mine=(self.host, self.pid))
+                raise RunNotFound(f"{self.what.split()[0]} {self.run_id} not found in {self.store.display_url}")
+            refuse_if_held(self.run_id, run.lock_host, run.lock_pid, run.lock_heartbeat, mine=(self.host, self.pid),
+                           what=self.what)
             run.lock_host, run.lock_pid, run.lock_heartbeat = self.host, self.pid, time.time()
         self._tx(fn)
         self._thread = threading.Thread(target=self._beat, name=f"run-{self.run_id}-lock", daemon=True)
@@ -100,7 +107,8 @@ class RunLock:
         return self
 
     def _mine(self):
-        return update(Run).where(Run.id == self.run_id, Run.lock_host == self.host, Run.lock_pid == self.pid)
+        m = self.model
+        return update(m).where(m.id == self.run_id, m.lock_host == self.host, m.lock_pid == self.pid)
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
@@ -124,3 +132,11 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+class ExperimentLock(RunLock):
+    """The lock of experiment ``run_id`` for the ``ablate`` / ``sweep`` command running it: a second
+    command of the same experiment is refused naming the first, so no member is trained twice."""
+
+    model = Experiment
+    what = "experiment {} is being run"

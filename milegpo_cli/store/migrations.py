@@ -37,7 +37,19 @@ def _v3_to_v4(conn: Connection) -> None:
     conn.execute(text("ALTER TABLE runs ADD COLUMN lock_heartbeat FLOAT"))
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+def _v4_to_v5(conn: Connection) -> None:
+    """``experiments.name`` unique (two commands started one experiment twice before): of experiments
+    of one name the newest keeps it, as ``get_experiment`` found it, the others become ``NAME~ID``;
+    ``experiments.lock_*``: the command running an experiment (store/locks.py)."""
+    conn.execute(text("UPDATE experiments SET name = name || '~' || CAST(id AS VARCHAR(20)) WHERE id < "
+                      "(SELECT MAX(e.id) FROM experiments e WHERE e.name = experiments.name)"))
+    conn.execute(text("CREATE UNIQUE INDEX ix_experiments_name ON experiments (name)"))
+    conn.execute(text("ALTER TABLE experiments ADD COLUMN lock_host VARCHAR(255)"))
+    conn.execute(text("ALTER TABLE experiments ADD COLUMN lock_pid INTEGER"))
+    conn.execute(text("ALTER TABLE experiments ADD COLUMN lock_heartbeat FLOAT"))
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
 
 
 def upgrade(conn: Connection, version: int, target: int) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, SmallInteger, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 EVALUATION_PHASES = ("untrained", "warmstart", "train")
 
 
@@ -35,12 +35,15 @@ class Experiment(Base):
 
     __tablename__ = "experiments"
     id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(200), unique=True)  # its identity (experiments/ablate.py)
     kind: Mapped[str] = mapped_column(String(40), default="")  # "ablate", ...
     recipe: Mapped[str] = mapped_column(String(500), default="")
     config: Mapped[dict[str, Any]] = mapped_column(default=dict)
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    lock_host: Mapped[str | None] = mapped_column(String(255))  # the command running it (store/locks.py)
+    lock_pid: Mapped[int | None] = mapped_column(Integer)
+    lock_heartbeat: Mapped[float | None] = mapped_column(Float)
 
 
 class Run(Base):

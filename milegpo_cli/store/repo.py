@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, delete, event, func, inspect, insert, select, text, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session
 
 from envs.faults import fault_point
@@ -120,7 +120,7 @@ SQLITE_DAMAGED = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
 SQLITE_UNUSABLE = (*SQLITE_DAMAGED, "SQLITE_CANTOPEN", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_FULL", "SQLITE_PERM")
 
 
-def _unusable(err: DBAPIError) -> bool:
+def unusable(err: DBAPIError) -> bool:
     """Whether a SQLite error means the file itself cannot be used (damaged, foreign, cannot be
     opened or written) rather than a fault of the statement."""
     return getattr(err.orig, "sqlite_errorname", "").startswith(SQLITE_UNUSABLE)
@@ -219,7 +219,7 @@ class RunStore:
         except BaseException as err:  # e.g. a newer schema: leave no open connection (nor -wal file) behind
             self.engine.dispose()
             if isinstance(err, DBAPIError):
-                raise StoreError(self._why(err)) from None
+                raise StoreError(self.why(err)) from None
             raise
 
     def _engine(self, create: bool, reader: bool) -> Engine:
@@ -257,7 +257,7 @@ class RunStore:
             try:
                 tables = _milegpo_tables(path)
             except sqlite3.Error as err:
-                raise StoreError(self._why(err)) from None
+                raise StoreError(self.why(err)) from None
             if not tables:
                 raise StoreError(f"no store at {self.display_url} (the database holds no milegpo tables)")
         self.read_only = not _writable(path)
@@ -265,12 +265,16 @@ class RunStore:
             raise StoreError(f"cannot use store {self.display_url}: it is read-only here (a command that writes "
                              "needs the file and its folder writable)")
 
-    def _why(self, err: DBAPIError | sqlite3.Error) -> str:
+    def why(self, err: DBAPIError | sqlite3.Error) -> str:
         """One line on a store that cannot be used."""
         orig = err.orig if isinstance(err, DBAPIError) else err
         reason = " ".join(str(orig).split())
-        if getattr(orig, "sqlite_errorname", "").startswith(SQLITE_DAMAGED):
+        name = getattr(orig, "sqlite_errorname", "")
+        if name.startswith(SQLITE_DAMAGED):
             return f"store {self.display_url} is damaged or not a milegpo store ({reason})"
+        if name.startswith(("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_PERM")):
+            return (f"store {self.display_url} cannot be written ({reason}); what it committed is kept: free space "
+                    "or make its folder writable, then resume")
         return f"cannot use store {self.display_url}: {reason}"
 
     @property
@@ -309,10 +313,16 @@ class RunStore:
             except OperationalError as err:
                 if connection_lost(err):
                     raise self.unreachable(err) from None
+                if unusable(err):  # a full disk, a file made read-only or immutable: one line
+                    raise StoreError(self.why(err)) from None
                 locked = "locked" in str(err) or "busy" in str(err)
                 if not locked or attempt == self.retries - 1:
                     raise
                 time.sleep(0.05 * 2 ** attempt)
+            except DBAPIError as err:  # e.g. the file damaged under the writer
+                if unusable(err):
+                    raise StoreError(self.why(err)) from None
+                raise
         raise AssertionError("unreachable")
 
     def _read(self, fn: Callable[[Session], T]) -> T:
@@ -322,8 +332,8 @@ class RunStore:
         except DBAPIError as err:
             if connection_lost(err):
                 raise self.unreachable(err) from None
-            if _unusable(err):
-                raise StoreError(self._why(err)) from None
+            if unusable(err):
+                raise StoreError(self.why(err)) from None
             raise
 
     def unreachable(self, err: DBAPIError) -> StoreError:
@@ -385,6 +395,14 @@ class RunStore:
             s.flush()
             return exp.id
         return self._write(fn)
+
+    def create_experiment_once(self, name: str, kind: str = "", recipe: str = "", config: dict | None = None) -> int:
+        """The id of the experiment ``name``, created unless another command created it meanwhile
+        (names are unique: two commands that start one experiment at once find the same row)."""
+        try:
+            return self.create_experiment(name, kind, recipe, config)
+        except IntegrityError:
+            return self.get_experiment(name)["id"]
 
     def set_experiment_mlflow_run_id(self, experiment_id: int, mlflow_run_id: str) -> None:
         self._write(lambda s: s.execute(update(Experiment).where(Experiment.id == experiment_id)

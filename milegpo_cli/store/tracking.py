@@ -193,6 +193,14 @@ class Tracker:
         self.client.log_dict(self.run_id, dict(params or {}), "config.json")
         return self.run_id
 
+    def find_run(self, tags: Mapping[str, Any]) -> str | None:
+        """The oldest run of this experiment carrying every tag of ``tags`` (None: there is none): a run
+        created by a command killed before it recorded the run's id (experiments/ablate.py)."""
+        where = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+        found = self.client.search_runs([self.experiment_id], filter_string=where, order_by=["attributes.start_time ASC"],
+                                        max_results=1)
+        return found[0].info.run_id if found else None
+
     @deferred_interrupts()
     def resume(self, run_id: str) -> str:
         """Continue an existing MLflow run (after a crash) and mark it running again; the steps it

@@ -156,6 +156,8 @@ def folder_owner(root: str | Path) -> str | None:
         return None
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{file}: unreadable ({err})") from err
+    except RecursionError:
+        raise CheckpointError(f"{file}: unreadable (JSON nested too deep)") from None
 
 
 def _shared_folder(root: Path, what: str) -> CheckpointError:
@@ -177,6 +179,12 @@ def check_owner(root: str | Path, owner: str | None) -> None:
         raise _shared_folder(root, "holds checkpoints, but its run never started")
 
 
+def _unwritable(root: Path, err: OSError) -> CheckpointError:
+    """A checkpoint folder this process cannot write (permissions, an immutable folder, a read-only mount)."""
+    return CheckpointError(f"checkpoint folder {root} cannot be written ({err.strerror or err}); the store and the "
+                           "earlier checkpoints are intact: make it writable, then resume")
+
+
 def claim_folder(root: str | Path, owner: str, fresh: bool) -> None:
     """Record run ``owner`` as the owner of its checkpoint folder ``root`` (created if missing), after
     :func:`check_owner`; a run starting from iteration 0 (``fresh``) also refuses checkpoints of a
@@ -186,12 +194,16 @@ def claim_folder(root: str | Path, owner: str, fresh: bool) -> None:
     if fresh and folder_owner(root) is None and list_checkpoints(root):
         raise _shared_folder(root, "holds checkpoints no run of this store wrote (a run starting from iteration 0 "
                                    "has none)")
-    root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{OWNER}.{os.getpid()}"
-    tmp.write_text(json.dumps({"run": owner}))
-    _fsync_path(tmp)
-    tmp.replace(root / OWNER)
-    _fsync_path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"run": owner}))
+        _fsync_path(tmp)
+        tmp.replace(root / OWNER)
+        _fsync_path(root)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise _unwritable(root, err) from None
 
 
 def save_checkpoint(root: str | Path, iteration: int, policy, trainer_state: dict[str, Any],
@@ -222,6 +234,8 @@ def save_checkpoint(root: str | Path, iteration: int, policy, trainer_state: dic
         if full:
             raise DiskFull(f"checkpoint of iteration {iteration}: no space left on the device of {root}; the "
                            f"store and the earlier checkpoints are intact: free space, then resume") from None
+        if isinstance(err, OSError):
+            raise _unwritable(root, err) from None
         raise
     for p in [*files, tmp / MANIFEST]:
         _fsync_path(p)

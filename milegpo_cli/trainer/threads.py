@@ -56,11 +56,18 @@ def torch_threads(threads: int):
 
 def fit_to_cores(config):
     """``config`` with the rollout's threads, lanes and ALFWorld engine workers sized to this
-    process's cores (:func:`milegpo_cli.cores.rollout_plan`); a runtime setting, not stored."""
+    process's cores (:func:`milegpo_cli.cores.rollout_plan`); a runtime setting, not stored. Engine
+    workers that are Ray actors (``workers_backend = "ray"``) run on the cluster's nodes, not on these
+    cores: their number is kept (``workers < 0``: one per core here) and the rollout threads take every core."""
     if config.env.name != "alfworld":
         return config
     r, env = config.rollout, config.env
-    plan = cores.rollout_plan(r.threads or config.run.threads, env.alfworld.workers, r.lanes, budget_cores())
+    threads, have = r.threads or config.run.threads, budget_cores()
+    if env.alfworld.workers_backend == "ray":
+        workers = env.alfworld.workers if env.alfworld.workers >= 0 else have
+        plan = cores.Rollout(max(1, min(threads, have)), workers, r.lanes)
+    else:
+        plan = cores.rollout_plan(threads, env.alfworld.workers, r.lanes, have)
     return dataclasses.replace(
         config, rollout=dataclasses.replace(r, threads=plan.threads, lanes=plan.lanes),
         env=dataclasses.replace(env, alfworld=dataclasses.replace(env.alfworld, workers=plan.workers)))
