@@ -1,4 +1,4 @@
-"""The estimators inside verl 0.9.1's real code (its own venv: scripts/ci_verl.sh).
+"""The estimators inside verl 0.9.1's real code (its own venv: .ci/verl).
 
 (a) ``import verl`` alone (the ``verl.plugins`` entry point) makes ``algorithm.adv_estimator=<ours>``
 resolve. (b) Through verl's own ``compute_advantage`` (the v0 ``ray_trainer`` function and the v1
@@ -165,7 +165,10 @@ def test_missing_fields_and_inconsistent_rows_are_one_line_errors():
         estimate(**args)
     rewards = args["token_level_rewards"].clone()
     rewards[0, 0] += 0.5
-    with turn_fields(fields), pytest.raises(TurnFieldsError, match="carry different episode rewards"):
+    with turn_fields(fields), pytest.raises(TurnFieldsError, match=r"extra_fields\.milegpo_reward: row 0 says"):
+        estimate(**{**args, "token_level_rewards": rewards})
+    without_reward = [{k: v for k, v in f.items() if k != "milegpo_reward"} for f in fields]
+    with turn_fields(without_reward), pytest.raises(TurnFieldsError, match="carry different episode rewards"):
         estimate(**{**args, "token_level_rewards": rewards})
     uid = args["index"]
     episode = lambda k: (uid[k], fields[k]["milegpo_episode"])  # noqa: E731

@@ -25,6 +25,13 @@ FIELDS = {
     "milegpo_step_reward": "the environment's reward for the turn (its invalid-action penalty included)",
     "milegpo_final_state": "kappa(s_T), the state the episode's last action led to ('' = unknown)",
 }
+# optional: the episode reward R_i in float64 (verl's rm_scores are float32); must agree with the row's reward sum
+REWARD = "milegpo_reward"
+
+
+def float32_close(a: float, b: float) -> bool:
+    """Equal up to the rounding of float32 reward tensors."""
+    return abs(a - b) <= 1e-6 * (1.0 + abs(a))
 
 
 class TurnFieldsError(ValueError):
@@ -43,13 +50,21 @@ def rows_to_batch(outcomes: np.ndarray, index: Sequence, fields: Sequence[Mappin
                   success_threshold: float = 1.0) -> tuple[RolloutBatch, np.ndarray]:
     """Regroup turn rows into rollouts; returns the batch and, per flattened batch step, its row.
 
-    ``outcomes[k]``: row k's episode reward; ``index[k]``: its group (verl's ``uid``); ``fields[k]``:
-    its :data:`FIELDS`. Rows may come in any order; an episode's turns must be t = 0 .. L-1 and
-    carry one reward and one final state."""
+    ``outcomes[k]``: row k's episode reward (its token rewards' sum); ``index[k]``: its group (verl's
+    ``uid``); ``fields[k]``: its :data:`FIELDS` (and :data:`REWARD`, which replaces ``outcomes[k]``).
+    Rows may come in any order; an episode's turns must be t = 0 .. L-1 and carry one reward and one
+    final state."""
     n = len(outcomes)
     if len(index) != n or len(fields) != n:
         raise TurnFieldsError(f"rows: {n} reward rows, {len(index)} uids, {len(fields)} extra_fields")
     cols = {key: _column(fields, key) for key in FIELDS}
+    outcomes = np.array(outcomes, dtype=np.float64)
+    for row, f in enumerate(fields):
+        if REWARD in f:
+            if not float32_close(float(f[REWARD]), outcomes[row]):
+                raise TurnFieldsError(f"extra_fields.{REWARD}: row {row} says {f[REWARD]!r} but its token rewards "
+                                      f"sum to {outcomes[row]!r} (is algorithm.use_kl_in_reward on?)")
+            outcomes[row] = float(f[REWARD])
     rows_of: dict = {}
     for row in range(n):
         rows_of.setdefault((str(index[row]), str(cols["milegpo_episode"][row])), []).append(row)
@@ -98,6 +113,6 @@ def rollout_rows(rollouts: Sequence[Rollout]) -> tuple[np.ndarray, list[str], li
             outcomes.append(float(r.outcome))
             index.append(r.group)
             fields.append({"milegpo_episode": str(r.rollout_id), "milegpo_t": t, "milegpo_state": state,
-                           "milegpo_action": action, "milegpo_invalid": bool(bad),
-                           "milegpo_step_reward": float(reward), "milegpo_final_state": r.final_state or ""})
+                           "milegpo_action": action, "milegpo_invalid": bool(bad), "milegpo_step_reward": float(reward),
+                           "milegpo_final_state": r.final_state or "", REWARD: float(r.outcome)})
     return np.asarray(outcomes, dtype=np.float64), index, fields
