@@ -130,3 +130,20 @@ def test_webshop_loop_plays_our_engine_and_feeds_the_estimator(tokenizer):
     with turn_fields(fields):
         out = compute_advantage(data, adv_estimator="milegpo_grpo", config=OmegaConf.create({}))
     assert out.batch["advantages"].shape == mask.shape and torch.isfinite(out.batch["advantages"]).all()
+
+
+def test_dataset_rows_reach_the_agent_loop_through_verls_dataset(tmp_path, tokenizer):
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from milegpo_cli.integrations.verl.dataset import main
+
+    path = tmp_path / "train.parquet"
+    assert main(["webshop", "train", "3", str(path), "--seed", "2"]) == 0
+    data = RLHFDataset(data_files=[str(path)], tokenizer=tokenizer, processor=None,
+                       config=OmegaConf.create({"cache_dir": str(tmp_path / "cache"), "max_prompt_length": 256}))
+    row = data[2]
+    assert row["agent_name"] == "milegpo_webshop"
+    assert row["extra_info"]["milegpo_index"] == 2 and row["extra_info"]["milegpo_seed"] == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main(["chess", "train", "3", str(path)])
+    assert exit_info.value.code == 2
