@@ -7,6 +7,7 @@ final state, score), and the rows go through verl's TransferQueue key format int
 import asyncio
 import dataclasses
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,6 +27,7 @@ from milegpo_cli.policy.prompts import template_corpus
 from milegpo_cli.policy.tiny import train_tokenizer
 from milegpo_cli.trainer.rollout import run_episodes
 
+ROOT = Path(__file__).resolve().parents[2]
 ADMISSIBLE = re.compile(r"Your admissible actions of the current situation are: \[(.*)\]\.\n", re.DOTALL)
 CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -147,3 +149,21 @@ def test_dataset_rows_reach_the_agent_loop_through_verls_dataset(tmp_path, token
     with pytest.raises(SystemExit) as exit_info:
         main(["chess", "train", "3", str(path)])
     assert exit_info.value.code == 2
+
+
+def test_the_agent_loop_config_file_instantiates_as_verl_does(tokenizer, alfworld_config):
+    """bench/verl_agent_loops.yaml through hydra.utils.instantiate, the call of verl's AgentLoopWorker."""
+    import hydra
+
+    entries = {e.name: e for e in OmegaConf.load(ROOT / "bench" / "verl_agent_loops.yaml")}
+    entry = OmegaConf.merge(entries["milegpo_alfworld"], {"env_config": dataclasses.asdict(alfworld_config)})
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"response_length": 64}}})
+
+    async def build():
+        return hydra.utils.instantiate(config=entry, trainer_config=DictConfigWrap(config), server_manager=None,
+                                       tokenizer=tokenizer, processor=None, dataset_cls=None,
+                                       data_config=DictConfigWrap(OmegaConf.create({})))
+
+    loop = asyncio.run(build())
+    assert isinstance(loop, AlfworldAgentLoop)
+    assert (loop.max_steps, loop.history, loop.success_reward, loop.invalid_penalty) == (8, 2, 10.0, 0.1)
