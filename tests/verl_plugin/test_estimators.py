@@ -9,7 +9,7 @@ invalid steps nor singleton groups, so a copy with invalid steps (penalty in the
 trainer records it) and two singleton groups is checked too.
 """
 import dataclasses
-import gzip
+import functools
 import json
 import os
 import subprocess
@@ -28,24 +28,22 @@ from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
 from milegpo_cli.integrations.verl.estimators import ESTIMATOR_NAMES, turn_fields
 from milegpo_cli.integrations.verl.turns import TurnFieldsError, rollout_rows
-from milegpo_cli.interchange import parse_rollout, write_rollouts
+from milegpo_cli.interchange import read_rollouts, write_rollouts
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = ROOT / "bench" / "results"
 GROUPS = 24
 
 
+@functools.lru_cache(maxsize=None)
+def recording(name: str) -> tuple:
+    return tuple(read_rollouts(RECORDINGS / f"rollouts_{name}.jsonl.gz"))
+
+
 def recorded(name: str, groups: int = GROUPS):
-    out, names = [], []
-    with gzip.open(RECORDINGS / f"rollouts_{name}.jsonl.gz", "rt") as f:
-        for number, line in enumerate(f, start=1):
-            r = parse_rollout(line, number)
-            if r.group not in names:
-                if len(names) == groups:
-                    break
-                names.append(r.group)
-            out.append(r)
-    return out
+    """The rollouts of the first ``groups`` groups of a recording (real rollouts of our engines)."""
+    first = set(list(dict.fromkeys(r.group for r in recording(name)))[:groups])
+    return [r for r in recording(name) if r.group in first]
 
 
 def with_invalid_and_singletons(rollouts, seed=0, penalty=0.1):
