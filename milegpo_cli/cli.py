@@ -440,7 +440,7 @@ def runs_import_mlflow(mlflow_run_id: Annotated[str, typer.Argument(metavar="RUN
                        name: Annotated[Optional[str], typer.Option("--name", metavar="NAME",
                                                                    help="Run name [default: the MLflow run's].")] = None,
                        db: DbOpt = None, runs_dir: RunsDirOpt = None) -> None:
-    """Import a run that verl logged to MLflow, so `runs`, `compare` and `report` see it.
+    """Import a run that verl logged to MLflow (its per-step metrics), so `runs` and `compare` see it.
 
     RUN_ID: the MLflow run id (docs/scale.md, "MileGPO in verl").
     """

@@ -4,7 +4,8 @@ verl's MLflow logger (``trainer.logger=[mlflow]``) writes the whole config as fl
 (``algorithm/adv_estimator``, ...) and every metric at ``step`` = the global training step. The
 import makes one milegpo run (recipe ``verl``, the MLflow run id linked) whose iteration k holds
 every metric logged at step k, under verl's names. verl logs no per-episode records, so the
-episode-derived columns (success rate, mean outcome, evaluations) stay empty. No verl import here.
+episode-derived columns (success rate, mean outcome, evaluations) stay empty and ``report``, which
+ranks evaluated runs, leaves the run out. No verl import here.
 """
 from __future__ import annotations
 
