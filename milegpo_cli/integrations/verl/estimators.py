@@ -14,7 +14,7 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
-from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
+from verl.trainer.ppo.core_algos import register_adv_est
 
 from ...credit import ALGORITHMS, CreditConfig
 from .turns import row_advantages
@@ -71,12 +71,5 @@ def _estimator(name: str, algo: str):
     return estimate
 
 
-def register() -> None:
-    """Register every estimator of :data:`ESTIMATOR_NAMES` in verl (idempotent: a module imported
-    twice, by the ``verl.plugins`` entry point and by name, registers once)."""
-    for name, algo in ESTIMATOR_NAMES.items():
-        if name not in ADV_ESTIMATOR_REGISTRY:
-            register_adv_est(name)(_estimator(name, algo))
-
-
-register()
+for _name, _algo in ESTIMATOR_NAMES.items():  # verl refuses a name another estimator holds
+    register_adv_est(_name)(_estimator(_name, _algo))
