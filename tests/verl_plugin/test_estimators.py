@@ -135,7 +135,7 @@ def test_credit_settings_come_from_algorithm_milegpo_credit(tmp_path):
     rollouts = recorded("alfworld_final", 8)
     data, fields = turn_batch(rollouts)
     index = list(data.non_tensor_batch["uid"])
-    sets = {"formulation": "v2", "lambda_p": 1.0, "gamma": 0.9}
+    sets = {"formulation": "v2", "lambda_p": 1.0, "gamma": 0.9, "drop": ["traps"]}
     want = expected_tokens(milegpo_credit(tmp_path, rollouts, "milegpo", [f"{k}={v}" for k, v in sets.items()]),
                            fields, index, data.batch["response_mask"])
     default = expected_tokens(milegpo_credit(tmp_path, rollouts, "milegpo"), fields, index, data.batch["response_mask"])

@@ -14,6 +14,7 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import register_adv_est
 
 from ...credit import ALGORITHMS, CreditConfig
@@ -43,6 +44,8 @@ def credit_config(algo_config) -> CreditConfig:
     if algo_config is None:
         return CreditConfig()
     settings = algo_config.get(CREDIT_KEY) if hasattr(algo_config, "get") else getattr(algo_config, CREDIT_KEY, None)
+    if OmegaConf.is_config(settings):
+        settings = OmegaConf.to_container(settings, resolve=True)
     settings = dict(settings or {})
     try:
         return CreditConfig.from_dict(settings)
