@@ -469,6 +469,24 @@ def runs_backup(dest: Annotated[Path, typer.Argument(metavar="DEST", hidden=True
     console.print(f"store copied to {dest} ({pages} pages)")
 
 
+@runs_app.command("import-mlflow")
+@_command
+def runs_import_mlflow(mlflow_run_id: Annotated[str, typer.Argument(metavar="RUN_ID", hidden=True)],
+                       mlflow_uri: Annotated[str, typer.Option(
+                           "--from", metavar="URI", envvar="MLFLOW_TRACKING_URI",
+                           help="Tracking URI verl logged to (its MLFLOW_TRACKING_URI).")] = ...,
+                       name: Annotated[Optional[str], typer.Option("--name", metavar="NAME",
+                                                                   help="Run name [default: the MLflow run's].")] = None,
+                       db: DbOpt = None, runs_dir: RunsDirOpt = None) -> None:
+    """Import a run that verl logged to MLflow (its per-step metrics), so `runs` and `compare` see it.
+
+    RUN_ID: the MLflow run id (docs/scale.md, "MileGPO in verl").
+    """
+    from milegpo_cli.integrations.verl.mlflow_runs import import_mlflow_run
+
+    console.print(import_mlflow_run(_store(db, runs_dir, create=True), mlflow_uri, mlflow_run_id, name))
+
+
 @app.command()
 @_command
 def ui(host: Annotated[str, typer.Option("--host", metavar="HOST",
