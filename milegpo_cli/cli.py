@@ -406,7 +406,8 @@ def report(experiment: Annotated[Optional[str], typer.Option(
            mde: Annotated[Optional[float], typer.Option(
                "--mde", metavar="POINTS",
                help="For each comparison against the baseline, the paired seeds whose minimum detectable "
-                    "difference of the id area would be POINTS (points of success) at the observed spread.")] = None,
+                    "difference of the id area would be POINTS (points of success) at the observed spread "
+                    "[default: none].")] = None,
            db: DbOpt = None, runs_dir: RunsDirOpt = None) -> None:
     """Seed and variance tables of the runs of an experiment.
 
