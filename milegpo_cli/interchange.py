@@ -2,7 +2,7 @@
 
 Input, one rollout per line:
     {"group": str, "rollout": int|str, "outcome": float, "success": bool (optional), "final_state": str (optional),
-     "task": str (optional), "iteration": int >= 0 (optional, given with "task"),
+     "task": str (optional), "iteration": int >= 0 (optional, needs "task"),
      "steps": [{"state": str, "action": str, "reward": float (optional, default 0),
                 "invalid": bool (optional, default false), "subgoals": [str, ...] (optional)}, ...]}
 A file may be gzip-compressed (recognised by its first bytes, whatever its name).
@@ -140,16 +140,17 @@ def parse_rollout(text: str, line: int) -> Rollout:
 
 
 def _task_order(obj: dict, line: int) -> tuple[str | None, int | None]:
-    """The optional ``task`` (string) and ``iteration`` (integer >= 0), given together or not at all."""
+    """The optional ``task`` (string) and ``iteration`` (integer >= 0; needs a task). A task without an
+    iteration is kept but gives no order, so the memory does not use it (credit/memory.py)."""
     task, iteration = obj.get("task"), obj.get("iteration")
-    if (task is None) != (iteration is None):
-        missing = "iteration" if iteration is None else "task"
-        raise InterchangeError(line, missing, f"missing (given with {'task' if missing == 'iteration' else 'iteration'})")
     if task is None:
+        if iteration is not None:
+            raise InterchangeError(line, "task", "missing (given with iteration)")
         return None, None
-    if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
+    task = sys.intern(_string(task, line, "task"))
+    if iteration is not None and (isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0):
         raise InterchangeError(line, "iteration", f"must be an integer >= 0, got {iteration!r}")
-    return sys.intern(_string(task, line, "task")), iteration
+    return task, iteration
 
 
 def _raw_lines(path: str | Path) -> Iterator[bytes]:
@@ -208,7 +209,9 @@ def rollout_line(r: Rollout) -> str:
     if r.final_state is not None:
         obj["final_state"] = r.final_state
     if r.task is not None:
-        obj["task"], obj["iteration"] = r.task, int(r.iteration)
+        obj["task"] = r.task
+    if r.iteration is not None:
+        obj["iteration"] = int(r.iteration)
     obj["steps"] = steps = [{"state": s, "action": a, "reward": float(w)}
                             for s, a, w in zip(r.states, r.actions, r.rewards)]
     if r.invalid is not None:

@@ -36,7 +36,7 @@ class Rollout:
     subgoals: Sequence[Sequence[str]] | None = None  # per step: true subgoals newly reached (oracle-milestones)
     final_state: str | None = None  # kappa(s_T), the state the last step led to; None = unknown
     task: str | None = None  # groups with the same task share their states across iterations (credit/memory.py)
-    iteration: int | None = None  # the order in which a task's groups were played; given with ``task``
+    iteration: int | None = None  # the order in which a task's groups were played; needs ``task``
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,8 +50,8 @@ class RolloutBatch:
     Per state id (length S): ``state_keys``, ``state_group``. Per pair id: ``pair_state``.
     ``rollout_final``: per rollout, the state id of its recorded final state, -1 where unknown; final
     states are interned after every step state, so the step-state ids do not depend on them.
-    ``group_task`` / ``group_iteration``: per group, its task (None: none given) and iteration (-1: none);
-    both None when no rollout gives a task.
+    ``group_task`` / ``group_iteration``: per group, its task (None: no task and iteration given) and
+    iteration (-1: none); both None when no rollout gives an iteration.
     """
 
     group_names: tuple[str, ...]
@@ -199,12 +199,9 @@ class RolloutBatch:
 
 
 def _check_order(r: Rollout, where: str, first: tuple[str | None, int | None]) -> None:
-    """``task`` and ``iteration`` come together, an integer iteration >= 0, the same on every rollout of a group."""
-    if (r.task is None) != (r.iteration is None):
-        missing = "iteration" if r.iteration is None else "task"
-        raise CreditError(f"{missing}: {where} gives {'task' if missing == 'iteration' else 'iteration'} without {missing}")
-    if r.task is not None and (not isinstance(r.task, str) or isinstance(r.iteration, bool)
-                               or not isinstance(r.iteration, (int, np.integer)) or r.iteration < 0):
+    """``iteration`` (an integer >= 0) needs a string ``task``; both are the same on every rollout of a group."""
+    if r.iteration is not None and (not isinstance(r.task, str) or isinstance(r.iteration, bool)
+                                    or not isinstance(r.iteration, (int, np.integer)) or r.iteration < 0):
         raise CreditError(f"iteration: {where} needs a string task and an integer iteration >= 0, "
                           f"got {r.task!r}, {r.iteration!r}")
     if (r.task, r.iteration) != first:
@@ -213,9 +210,10 @@ def _check_order(r: Rollout, where: str, first: tuple[str | None, int | None]) -
 
 
 def _group_order(order: dict[int, tuple[str | None, int | None]]) -> dict:
-    """RolloutBatch's ``group_task`` / ``group_iteration`` (None when no group gives a task)."""
-    if all(task is None for task, _ in order.values()):
+    """RolloutBatch's ``group_task`` / ``group_iteration``: a group's task counts only with its iteration
+    (None when no group gives both)."""
+    if all(it is None for _, it in order.values()):
         return {}
-    return {"group_task": tuple(order[g][0] for g in range(len(order))),
+    return {"group_task": tuple(None if order[g][1] is None else order[g][0] for g in range(len(order))),
             "group_iteration": np.asarray([-1 if order[g][1] is None else int(order[g][1]) for g in range(len(order))],
                                           dtype=np.int64)}
