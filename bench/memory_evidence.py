@@ -67,6 +67,7 @@ def cmd_record(args) -> None:
 
 SUBSETS = ("all", "all-fail", "all-fail, succeeded earlier")
 DECAYS = (0.25, 0.5, 0.75, 1.0)
+TIE = 0.005  # AUC differences below this are not a reason to remember longer
 
 
 def subset_masks(rec) -> dict[str, np.ndarray]:
@@ -93,6 +94,23 @@ def variants(decays=DECAYS) -> dict[str, "CreditConfig"]:
     return out
 
 
+def pooled_advantages(rec, config) -> np.ndarray:
+    """The issue's reference: per iteration j, v3 on each task's rollouts of iterations <= j pooled into one
+    group (causal), keeping the advantages of iteration j's rollouts; in the recording's step order."""
+    from milegpo_cli.credit import RolloutBatch, compute_advantages
+    starts = np.concatenate([[0], np.cumsum([len(r.states) for r in rec.rollouts])])
+    out = np.zeros(starts[-1])
+    for j in sorted({r.iteration for r in rec.rollouts}):
+        pool = [(i, r) for i, r in enumerate(rec.rollouts) if r.iteration <= j]
+        batch = RolloutBatch.from_rollouts([replace(r, group=r.task, rollout_id=f"{r.iteration}/{r.rollout_id}",
+                                                    task=None, iteration=None) for _, r in pool])
+        adv = compute_advantages(batch, "milegpo", config).advantage
+        for (i, r), k in zip(pool, range(len(pool))):
+            if r.iteration == j:
+                out[starts[i]:starts[i + 1]] = adv[batch.offset[k]:batch.offset[k] + batch.length[k]]
+    return out
+
+
 def score(rec, configs: dict, n_resamples: int, seed: int = 0) -> list[dict]:
     """AUC per (variant, subset), 95 % bootstrap over the subset's groups, and dAUC against plain v3 (paired)."""
     from milegpo_cli.credit import RolloutBatch, compute_advantages
@@ -105,6 +123,8 @@ def score(rec, configs: dict, n_resamples: int, seed: int = 0) -> list[dict]:
         t0 = time.perf_counter()
         res = compute_advantages(batch, "milegpo", cfg)
         adv[name] = (res.advantage, 1000 * (time.perf_counter() - t0), res.memory)
+    t0 = time.perf_counter()
+    adv["v3 pooled (reference)"] = (pooled_advantages(rec, configs["v3"]), 1000 * (time.perf_counter() - t0), None)
     rows = []
     for subset, keep in subset_masks(rec).items():
         steps = np.flatnonzero(np.repeat(keep, batch.length))
@@ -147,13 +167,14 @@ def cmd_analyse(args) -> None:
         t0 = time.perf_counter()
         out["recordings"][name] = {"summary": describe(rec), "rows": score(rec, configs, args.resamples)}
         print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
-    tune_rows = [r for r in out["recordings"][args.tune]["rows"] if r["variant"] != "v3"
-                 and r["subset"] == "all-fail, succeeded earlier"]
-    overall = {r["variant"]: r["auc"] for r in out["recordings"][args.tune]["rows"] if r["subset"] == "all"}
-    # the choice: the best AUC in all-fail groups of tasks that succeeded earlier, among decays that do
-    # not lower the overall AUC below plain v3's on the tuning recording
-    fair = [r for r in tune_rows if overall[r["variant"]] >= overall["v3"]] or tune_rows
-    out["chosen"] = max(fair, key=lambda r: r["auc"])["variant"]
+    rows = out["recordings"][args.tune]["rows"]
+    overall = {r["variant"]: r["auc"] for r in rows if r["subset"] == "all"}
+    target = {r["variant"]: r["auc"] for r in rows if r["subset"] == "all-fail, succeeded earlier"
+              and configs.get(r["variant"], configs["v3"]).memory and overall[r["variant"]] >= overall["v3"]}
+    # the choice on the tuning recording: the strongest forgetting (smallest decay) whose AUC in all-fail groups
+    # of tasks that succeeded earlier is within TIE of the best, among decays that keep the overall AUC >= v3's
+    best = max(target.values())
+    out["chosen"] = min((configs[v].memory_decay, v) for v, a in target.items() if a >= best - TIE)[1]
     (RESULTS / "memory_evidence.json").write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps({"chosen": out["chosen"]}))
     for name, e in out["recordings"].items():

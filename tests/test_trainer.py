@@ -97,11 +97,11 @@ def test_resume_after_crash_equals_uninterrupted_run(tmp_path, models_dir, monke
     real = loop.train_iteration
     calls = []
 
-    def crash_at_4(config, *args):  # iteration 3 is stored, its checkpoint never written
+    def crash_at_4(config, *args, **kw):  # iteration 3 is stored, its checkpoint never written
         calls.append(args[-1])
         if len(calls) == 4:
             raise KeyboardInterrupt("simulated crash during iteration 4")
-        return real(config, *args)
+        return real(config, *args, **kw)
 
     monkeypatch.setattr(loop, "train_iteration", crash_at_4)
     with pytest.raises(KeyboardInterrupt):

@@ -58,6 +58,17 @@ class TaskMemory:
     def size(self) -> int:
         return len(self.states) + len(self.edges)
 
+    def to_dict(self) -> dict:
+        """JSON form (the store's ``task_memory.memory``); floats round-trip exactly."""
+        return {"iteration": self.iteration, "rollouts": self.rollouts, "successes": self.successes,
+                "states": [[k, *v] for k, v in self.states.items()], "edges": [[u, v, w] for (u, v), w in self.edges.items()]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TaskMemory":
+        return cls(int(d["iteration"]), float(d["rollouts"]), float(d["successes"]),
+                   {k: (float(a), float(b), float(c)) for k, a, b, c in d["states"]},
+                   {(u, v): float(w) for u, v, w in d["edges"]})
+
 
 Memory = Mapping[str, TaskMemory]
 

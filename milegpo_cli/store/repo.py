@@ -35,7 +35,7 @@ from milegpo_cli.errors import RunNotFound, StoreError
 from milegpo_cli.interrupts import deferred_interrupts
 from milegpo_cli.store.migrations import upgrade
 from milegpo_cli.store.models import (EVALUATION_PHASES, SCHEMA_VERSION, Base, Candidate, Checkpoint, Episode,
-                                      Evaluation, Experiment, Iteration, Run, SchemaVersion, Step)
+                                      Evaluation, Experiment, Iteration, Run, SchemaVersion, Step, TaskMemory)
 from milegpo_cli.store.records import CandidateRecord, EpisodeRecord
 
 RUN_STATUSES = ("created", "running", "finished", "failed", "killed")
@@ -462,6 +462,7 @@ class RunStore:
         s.execute(delete(Episode).where(Episode.id.in_(episodes)))
         s.execute(delete(Candidate).where(Candidate.run_id == run_id, iteration_filter(Candidate.iteration)))
         s.execute(delete(Iteration).where(Iteration.run_id == run_id, iteration_filter(Iteration.iteration)))
+        s.execute(delete(TaskMemory).where(TaskMemory.run_id == run_id, iteration_filter(TaskMemory.iteration)))
 
     @staticmethod
     def _delete_evaluations(s: Session, evaluations) -> None:
@@ -497,6 +498,24 @@ class RunStore:
             if candidates:
                 s.execute(insert(Candidate), [_candidate_row(run_id, iteration, c) for c in candidates])
         self._write(fn)
+
+    def record_task_memory(self, run_id: int, iteration: int, memories: dict[str, dict[str, Any]]) -> None:
+        """The memory of the tasks that ``iteration`` played (credit/memory.py), replacing what that iteration had."""
+        def fn(s: Session) -> None:
+            self._run(s, run_id)
+            s.execute(delete(TaskMemory).where(TaskMemory.run_id == run_id, TaskMemory.iteration == iteration))
+            if memories:
+                s.execute(insert(TaskMemory), [{"run_id": run_id, "iteration": iteration, "task": task, "memory": m}
+                                               for task, m in memories.items()])
+        self._write(fn)
+
+    def task_memory(self, run_id: int, upto: int) -> dict[str, dict[str, Any]]:
+        """Each task's memory as of iteration ``upto``: its last row at an iteration <= upto."""
+        def fn(s: Session) -> dict[str, dict[str, Any]]:
+            rows = s.execute(select(TaskMemory.task, TaskMemory.memory).where(
+                TaskMemory.run_id == run_id, TaskMemory.iteration <= upto).order_by(TaskMemory.iteration)).all()
+            return {task: memory for task, memory in rows}
+        return self._read(fn)
 
     def delete_after(self, run_id: int, iteration: int) -> None:
         """Remove everything recorded after ``iteration`` (resume from its checkpoint)."""

@@ -42,12 +42,15 @@ from envs.faults import fault_point
 from milegpo_cli.config import Config
 from milegpo_cli.credit import Rollout, RolloutBatch, compute_advantages
 from milegpo_cli.credit.config import canonical_drop
+from milegpo_cli.credit.memory import Memory
+from milegpo_cli.credit.result import CreditResult
 from milegpo_cli.run_folder import relative_to_folder, reroot, resume_command
 from milegpo_cli.store.records import CandidateRecord, EpisodeRecord, StepRecord
 from milegpo_cli.trainer.distributed import (gather_iteration, group_offset, rank_parts, shard,
                                              world_size)
 from milegpo_cli.trainer.checkpoint import (DiskFull, check_owner, claim_folder, find_checkpoint, save_checkpoint,
                                            set_rng_state)
+from milegpo_cli.trainer.credit_memory import RunMemory, memory_metrics
 from milegpo_cli.trainer.resume import checkpoint_root, load_resume, open_run, stopped
 from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe, episode_metrics, format_success, run_evaluation
 from milegpo_cli.trainer.rollout import INVALID_ACTION, Episode, RolloutStats, expert_walkthroughs, run_episodes
@@ -80,16 +83,17 @@ def group_key(group: int) -> str:
     return f"g{group}"
 
 
-def to_rollout(ep: Episode, lift_penalty: float = 0.0) -> Rollout:
+def to_rollout(ep: Episode, lift_penalty: float = 0.0, iteration: int | None = None) -> Rollout:
     """The credit package's view of an episode, with its invalid flags and true subgoals. When the
     estimator applies the invalid-action penalty itself (``credit.invalid_penalty`` > 0, the
     verl-agent preset), ``lift_penalty`` = the trainer's ``policy.invalid_penalty`` is taken back out
-    of the step rewards so that it is not counted twice."""
+    of the step rewards so that it is not counted twice. ``iteration``: with the task, the order of its groups."""
     return Rollout(group=group_key(ep.group), rollout_id=ep.index, states=list(ep.states),
                    actions=[a if a is not None else INVALID_ACTION for a in ep.actions],
                    rewards=[r + (lift_penalty if bad else 0.0) for r, bad in zip(ep.rewards, ep.invalid)],
                    outcome=ep.score, success=ep.won, invalid=list(ep.invalid),
-                   subgoals=[tuple(g) for g in ep.subgoals], final_state=ep.final_state or None)
+                   subgoals=[tuple(g) for g in ep.subgoals], final_state=ep.final_state or None,
+                   task=ep.task.task_id, iteration=iteration)
 
 
 def episode_record(ep: Episode, parts: dict[str, np.ndarray] | None = None, offset: int = 0) -> EpisodeRecord:
@@ -133,6 +137,7 @@ class IterationResult:
     metrics: dict[str, float]
     episodes: list[EpisodeRecord]
     candidates: list[CandidateRecord]
+    credit: CreditResult | None = None
 
 
 def train_pool(config: Config, suite) -> list:
@@ -146,7 +151,8 @@ def sample_tasks(pool: Sequence, groups: int, seed: int, iteration: int) -> list
     return [pool[i] for i in rng.choice(len(pool), size=groups, replace=False)]
 
 
-def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite, iteration: int) -> IterationResult:
+def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite, iteration: int,
+                    memory: Memory | None = None) -> IterationResult:
     """Sample tasks for ``iteration``, roll out G x N episodes, assign credit, update the policy."""
     acc = updater.accelerator  # data parallel (trainer/distributed.py): this rank's block of the K x G tasks
     seed_everything(derive_seed(config.run.seed, "iteration", iteration, *rank_parts(acc)))
@@ -164,8 +170,8 @@ def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite
     t0 = time.perf_counter()
     valid = [e for e in episodes if not e.errored]
     lift = config.policy.invalid_penalty if config.credit.invalid_penalty > 0 else 0.0
-    batch = RolloutBatch.from_rollouts([to_rollout(e, lift) for e in valid], config.credit.success_threshold)
-    result = compute_advantages(batch, config.run.algo, config.credit, canonical_drop(config.credit.drop))
+    batch = RolloutBatch.from_rollouts([to_rollout(e, lift, iteration) for e in valid], config.credit.success_threshold)
+    result = compute_advantages(batch, config.run.algo, config.credit, canonical_drop(config.credit.drop), memory)
     t_credit = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -208,8 +214,9 @@ def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite
         "credit_time_share": t_credit / total if total > 0 else 0.0,
         "rollout_steps_per_s": stats.steps / t_rollout if t_rollout > 0 else 0.0,
         "cache_hit_rate": stats.cache_hits / stats.steps if stats.steps else 0.0,
+        **memory_metrics(batch, result),
     }
-    return IterationResult(metrics, every.records, every.candidates)
+    return IterationResult(metrics, every.records, every.candidates, result)
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -412,6 +419,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
             updater.load_state_dict(ckpt.trainer_state)
             set_rng_state(ckpt.rng_state)
         bad = 0
+        memory = RunMemory(config, store, run_id, start, world_size(accelerator))
         with _progress(console) as progress:
             bar = progress.add_task(f"train {run_name(config)}", total=config.run.iterations, completed=start,
                                     status="")
@@ -419,7 +427,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
                 t0 = time.perf_counter()
                 load = follow_load(meter)  # torch threads drop to the cores other processes leave free
                 set_threads(config.run.threads)
-                res = train_iteration(config, policy, updater, venv, pool, suite, it)
+                res = train_iteration(config, policy, updater, venv, pool, suite, it, memory=memory.tasks)
                 res.metrics.update(load)
                 probes = probe.measure(policy)
                 for split, values in probes.items():
@@ -430,6 +438,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
                                   f"{bad} in a row, training stops at {config.ppo.max_bad_updates}[/yellow]")
                 if main:
                     store.record_iteration(run_id, it, res.metrics, res.episodes, res.candidates)
+                    memory.keep(store, run_id, it, res.credit)
                     tracker.log_metrics(res.metrics, step=it)
                 if plain:
                     log(iteration_line(it, config.run.iterations, res.metrics, time.perf_counter() - t0))
@@ -527,7 +536,8 @@ def evaluate(store, run_id: int | str, split: str, episodes: int, checkpoint: in
     store.record_evaluation(rid, split, metrics, [episode_record(e) for e in played], iteration=ckpt.iteration,
                             checkpoint=relative_to_folder(ckpt.path, config.store.root), phase="train")
     if record_path is not None:
-        write_rollouts(record_path, [replace(to_rollout(e), group=e.task.task_id, rollout_id=0) for e in played])
+        write_rollouts(record_path, [replace(to_rollout(e, iteration=ckpt.iteration), group=e.task.task_id, rollout_id=0)
+                                     for e in played])
     console.print(f"run {rid} checkpoint {ckpt.iteration}: {split} success {metrics['success_rate']:.3f} "
                   f"(score {metrics['mean_outcome']:.3f}) over {len(played)} episodes")
     return metrics
