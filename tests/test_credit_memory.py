@@ -66,6 +66,18 @@ def test_recordings_without_task_are_bit_for_bit_unchanged(name, tmp_path):
     assert (tmp_path / "off.jsonl").read_bytes() == (tmp_path / "on.jsonl").read_bytes()
 
 
+def test_credit_file_with_task_and_iteration_uses_the_memory(tmp_path):
+    from milegpo_cli.interchange import write_rollouts
+    write_rollouts(tmp_path / "in.jsonl", EARLIER + ALL_FAIL)
+    for overrides, config in (({"credit.memory": True}, ON), ({}, CreditConfig())):
+        run_credit_file(tmp_path / "in.jsonl", tmp_path / "out.jsonl", "milegpo", overrides=overrides)
+        got = [json.loads(x)["advantage"] for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+        assert got == result(EARLIER + ALL_FAIL, config).advantage.tolist()
+    run_credit_file(tmp_path / "in.jsonl", tmp_path / "drop.jsonl", "milegpo", drop=["memory"],
+                    overrides={"credit.memory": True})
+    assert (tmp_path / "drop.jsonl").read_bytes() == (tmp_path / "out.jsonl").read_bytes()
+
+
 def test_task_fields_change_nothing_while_memory_is_off():
     stripped = [replace(r, task=None, iteration=None) for r in EARLIER + ALL_FAIL]
     assert np.array_equal(result(EARLIER + ALL_FAIL, CreditConfig()).advantage, result(stripped, CreditConfig()).advantage)
@@ -110,7 +122,7 @@ def test_a_batch_at_once_equals_iteration_by_iteration_with_the_memory_handed_on
 
 def test_a_memory_from_the_same_or_a_later_iteration_is_refused():
     memory = result(EARLIER + ALL_FAIL).memory
-    with pytest.raises(ValueError, match="iteration"):
+    with pytest.raises(CreditError, match="iteration"):
         result(ALL_FAIL, memory=memory)
 
 

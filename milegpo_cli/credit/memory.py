@@ -30,7 +30,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .batch import RolloutBatch
+from .batch import CreditError, RolloutBatch
 from .evidence import StateEvidence
 from .graph import RolloutGraph, distance_to
 
@@ -156,7 +156,7 @@ def recall(memory: Memory, batch: RolloutBatch, graph: RolloutGraph, ev: StateEv
             if old is None:
                 continue
             if old.iteration >= it:
-                raise ValueError(f"iteration: group {batch.group_names[g]!r} of task {batch.group_task[g]!r} is at "
+                raise CreditError(f"iteration: group {batch.group_names[g]!r} of task {batch.group_task[g]!r} is at "
                                  f"iteration {it}, its memory already holds iteration {old.iteration}")
             mem = old.aged(it, decay)
             recalled[g] = mem.rollouts > 0
