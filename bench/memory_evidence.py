@@ -12,8 +12,14 @@ recording), ROC-AUC of the per-step advantage against the oracle labels overall,
 groups, and inside all-fail groups of tasks that succeeded in an earlier iteration; 95 % percentile
 bootstrap over groups (``credit_bench.GroupBootstrap``), paired dAUC on the same resampled groups.
 
-    .venv/bin/python bench/memory_evidence.py record --env webshop --tasks 60 --iterations 5 --p 0.8 --seed 0
-    .venv/bin/python bench/memory_evidence.py analyse --tune webshop-s0 --held-out webshop-s1 alfworld-s0
+    .venv/bin/python bench/memory_evidence.py record --env webshop --tasks 60 --iterations 5 --p 0.75 --seed 0
+    .venv/bin/python bench/memory_evidence.py record --env webshop --tasks 60 --iterations 5 --p 0.75 --seed 1 --start 60
+    .venv/bin/python bench/memory_evidence.py record --env webshop --tasks 60 --iterations 8 --p 0.9 --p-last 0.6 \
+        --seed 2 --start 120                                    # a policy that improves: older evidence is staler
+    .venv/bin/python bench/memory_evidence.py record --env alfworld --tasks 24 --iterations 5 --p 0.85 --seed 0
+    .venv/bin/python bench/memory_evidence.py record --env alfworld --tasks 36 --iterations 5 --p 0.9 --seed 1 --start 24
+    .venv/bin/python bench/memory_evidence.py analyse --tune webshop-s0 \
+        --held-out webshop-s1 webshop-s2-improving alfworld-s0 alfworld-s1
 """
 from __future__ import annotations
 
@@ -40,17 +46,18 @@ def cmd_record(args) -> None:
     from milegpo_cli.experiments.credit_bench import append_records, read_records, record_group
     suite = make_suite(args.env, args.workers, args.max_steps)
     tasks = suite.tasks(args.split, args.tasks, seed=args.seed, start=args.start)
-    path = recording_path(f"{args.env}-s{args.seed}")
+    path = recording_path(f"{args.env}-s{args.seed}" + ("" if args.p_last is None else "-improving"))
     done = {r["group"] for r in read_records(path)}
     env = suite.make_vector_env(args.group_size, oracle=True)
     t0 = time.perf_counter()
     try:
         for it in range(args.iterations):
+            p = args.p if args.p_last is None else args.p + (args.p_last - args.p) * it / max(args.iterations - 1, 1)
             for task in tasks:
                 name = f"{task.task_id}|it={it}"
                 if name in done:
                     continue
-                recs = record_group(env, task, args.p, args.group_size, seed=1000 * args.seed + it)
+                recs = record_group(env, task, p, args.group_size, seed=1000 * args.seed + it)
                 for r in recs:
                     r.update(group=name, task=task.task_id, iteration=it)
                 append_records(path, recs)
@@ -58,7 +65,8 @@ def cmd_record(args) -> None:
     finally:
         env.close()
     meta = {"env": args.env, "split": args.split, "tasks": args.tasks, "start": args.start,
-            "iterations": args.iterations, "group_size": args.group_size, "p": args.p, "seed": args.seed,
+            "iterations": args.iterations, "group_size": args.group_size, "p": args.p, "p_last": args.p_last,
+            "seed": args.seed,
             "max_steps": suite.max_steps, "wall_s": round(time.perf_counter() - t0, 1),
             "command": " ".join(["python bench/memory_evidence.py", *sys.argv[1:]])}
     path.with_suffix("").with_suffix(".meta.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -227,6 +235,8 @@ def main(argv=None) -> None:
     r.add_argument("--tasks", type=int, required=True)
     r.add_argument("--iterations", type=int, default=5)
     r.add_argument("--p", type=float, default=0.8, help="random-action probability of the behaviour policy")
+    r.add_argument("--p-last", type=float, default=None,
+                   help="p of the last iteration, linear from --p (a policy that improves); default: --p throughout")
     r.add_argument("--split", default="train")
     r.add_argument("--start", type=int, default=0, help="first task of the split (disjoint ranges: disjoint tasks)")
     r.add_argument("--group-size", type=int, default=8)
