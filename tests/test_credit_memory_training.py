@@ -2,6 +2,8 @@
 the same advantages as an uninterrupted one, and `milegpo diagnose` shows the memory credit per iteration."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from test_trainer import make_config, models_dir, quiet  # noqa: F401  (models_dir: the shared tiny-model fixture)
 
@@ -12,6 +14,23 @@ from milegpo_cli.trainer import loop
 # two tasks in the pool, two groups per iteration: every iteration replays both tasks, so each recalls its past
 MEMORY = ["run.algo=\"milegpo\"", "credit.memory=true", "rollout.train_tasks=2", "run.iterations=4",
           "checkpoint.every=2", "checkpoint.keep=2", "eval.every=4", "run.seed=5", "env.max_steps=6"]
+
+
+def test_memory_rows_round_trip_and_superseded_rows_are_pruned(store_url):
+    """On SQLite and PostgreSQL: the stored memory reads back equal (as of any iteration), and pruning keeps
+    exactly the rows a resume from the given iteration or later can read."""
+    from milegpo_cli.credit.memory import SUCCESS_KEY, TaskMemory
+    store = RunStore(store_url)
+    run_id = store.create_run("r", "milegpo")
+    mem = TaskMemory(1, 8.0, 0.5 ** 0.5, {"s": (1 / 3, 2.0, 3.0), "a": (0.1, 0.0, 0.0)}, {("s", "a"): 0.7, ("a", SUCCESS_KEY): 0.3})
+    for it, task in ((1, "a"), (1, "b"), (3, "a"), (5, "a")):
+        store.record_task_memory(run_id, it, {task: replace(mem, iteration=it).to_dict()})
+    assert TaskMemory.from_dict(store.task_memory(run_id, 4)["b"]) == mem
+    assert {t: m["iteration"] for t, m in store.task_memory(run_id, 4).items()} == {"a": 3, "b": 1}
+    store.prune_task_memory(run_id, 4)
+    assert {t: m["iteration"] for t, m in store.task_memory(run_id, 2).items()} == {"b": 1}  # a@1 is gone
+    assert {t: m["iteration"] for t, m in store.task_memory(run_id, 9).items()} == {"a": 5, "b": 1}
+    store.close()
 
 
 def advantages(store, run_id):
@@ -26,6 +45,7 @@ def test_resumed_run_continues_with_the_stored_memory(tmp_path, models_dir, monk
     rows = a_store.task_memory(a_id, 4)
     assert len(rows) == 2 and all(m["iteration"] == 4 and m["states"] for m in rows.values())
     assert len(a_store.task_memory(a_id, 2)) == 2 and all(m["iteration"] == 2 for m in a_store.task_memory(a_id, 2).values())
+    assert a_store.task_memory(a_id, 1) == {}  # pruned: no kept checkpoint resumes to iteration 1
 
     def crashed_then_resumed(path, forget: bool):
         cfg = make_config("webshop", path, models_dir, *MEMORY)

@@ -59,15 +59,19 @@ class TaskMemory:
         return len(self.states) + len(self.edges)
 
     def to_dict(self) -> dict:
-        """JSON form (the store's ``task_memory.memory``); floats round-trip exactly."""
+        """JSON form (the store's ``task_memory.memory``): states as [key, n+, n-, fail visits], transitions as
+        [index of u, index of v or -1 for SUCCESS, weight]; floats round-trip exactly."""
+        index = {k: i for i, k in enumerate(self.states)}
         return {"iteration": self.iteration, "rollouts": self.rollouts, "successes": self.successes,
-                "states": [[k, *v] for k, v in self.states.items()], "edges": [[u, v, w] for (u, v), w in self.edges.items()]}
+                "states": [[k, *v] for k, v in self.states.items()],
+                "edges": [[index[u], -1 if v == SUCCESS_KEY else index[v], w] for (u, v), w in self.edges.items()]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TaskMemory":
+        keys = [row[0] for row in d["states"]]
         return cls(int(d["iteration"]), float(d["rollouts"]), float(d["successes"]),
                    {k: (float(a), float(b), float(c)) for k, a, b, c in d["states"]},
-                   {(u, v): float(w) for u, v, w in d["edges"]})
+                   {(keys[u], SUCCESS_KEY if v < 0 else keys[v]): float(w) for u, v, w in d["edges"]})
 
 
 Memory = Mapping[str, TaskMemory]

@@ -28,7 +28,7 @@ from urllib.parse import quote
 from sqlalchemy import Engine, create_engine, delete, event, func, inspect, insert, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from envs.faults import fault_point
 from milegpo_cli.errors import RunNotFound, StoreError
@@ -507,6 +507,15 @@ class RunStore:
             if memories:
                 s.execute(insert(TaskMemory), [{"run_id": run_id, "iteration": iteration, "task": task, "memory": m}
                                                for task, m in memories.items()])
+        self._write(fn)
+
+    def prune_task_memory(self, run_id: int, upto: int) -> None:
+        """Drop the memory rows no resume from iteration >= ``upto`` can read: a task's rows before its last row <= upto."""
+        def fn(s: Session) -> None:
+            last = aliased(TaskMemory)
+            superseded = select(func.max(last.iteration)).where(
+                last.run_id == run_id, last.task == TaskMemory.task, last.iteration <= upto).scalar_subquery()
+            s.execute(delete(TaskMemory).where(TaskMemory.run_id == run_id, TaskMemory.iteration < superseded))
         self._write(fn)
 
     def task_memory(self, run_id: int, upto: int) -> dict[str, dict[str, Any]]:

@@ -11,10 +11,17 @@ from milegpo_cli.credit import RolloutBatch
 from milegpo_cli.credit.memory import Memory, TaskMemory
 from milegpo_cli.credit.result import CreditResult
 from milegpo_cli.errors import ConfigError
+from milegpo_cli.trainer.checkpoint import list_checkpoints
+from milegpo_cli.trainer.resume import checkpoint_root
 
 
 class RunMemory:
-    """The memory of one run: ``tasks`` (None when ``credit.memory`` is off) as of the last iteration kept."""
+    """The memory of one run: ``tasks`` (None when ``credit.memory`` is off) as of the last iteration kept.
+
+    Stored: the tasks each iteration changed; rows that no kept checkpoint can resume to (a task's rows before
+    its last row at or before the oldest checkpoint in the run folder) are dropped, so the table holds at most
+    one row per task of the pool plus the tasks played since that checkpoint.
+    """
 
     def __init__(self, config: Config, store, run_id: int, start: int, world_size: int = 1):
         on = config.run.algo == "milegpo" and config.credit.memory and "memory" not in config.credit.drop
@@ -22,6 +29,7 @@ class RunMemory:
             raise ConfigError("credit.memory: not supported with data-parallel training yet (world size "
                              f"{world_size}); train on one process or set credit.memory=false")
         self.tasks: Memory | None = None
+        self.checkpoints = checkpoint_root(config, run_id)
         if on:
             self.tasks = {t: TaskMemory.from_dict(m) for t, m in store.task_memory(run_id, start).items()}
 
@@ -31,6 +39,9 @@ class RunMemory:
             return
         changed = {t: m.to_dict() for t, m in result.memory.items() if m.iteration == iteration}
         store.record_task_memory(run_id, iteration, changed)
+        kept = list_checkpoints(self.checkpoints)
+        if kept:
+            store.prune_task_memory(run_id, kept[0][0])
         self.tasks = result.memory
 
 
