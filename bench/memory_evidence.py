@@ -212,6 +212,16 @@ def render(out: dict) -> str:
              f"among decays that keep the overall AUC at least v3's): **{out['chosen']}**; the other recordings are "
              "held out. Window (iterations an unrefreshed entry lives, `memory_floor` 0.05): "
              + ", ".join(f"{k.split('[')[1].rstrip(']')}: {w:.1f}" for k, w in out["windows"].items()) + ".", ""]
+    lines += ["## Summary (chosen decay against plain v3 and the pooled reference; AUC [95 % CI])", "",
+              "| recording | role | success share | subset | v3 | v3 + memory | pooled (reference) |", "|---|---|---|---|---|---|---|"]
+    for name, e in out["recordings"].items():
+        by = {(r["variant"], r["subset"]): r for r in e["rows"]}
+        for sub in SUBSETS:
+            if ("v3", sub) in by:
+                lines.append(f"| {name} | {'tuning' if name == out['tune'] else 'held out'} | "
+                             f"{e['summary']['success_share']:.3f} | {sub} | {ci(by['v3', sub], 'auc')} | "
+                             f"{ci(by[out['chosen'], sub], 'auc')} | {ci(by['v3 pooled (reference)', sub], 'auc')} |")
+    lines.append("")
     for name, e in out["recordings"].items():
         sm = e["summary"]
         role = "tuning" if name == out["tune"] else "held out"
