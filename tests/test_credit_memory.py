@@ -167,3 +167,25 @@ def test_memory_settings_are_checked():
     for bad in ({"memory_decay": 0.0}, {"memory_floor": 1.5}, {"memory_states": 0}, {"memory": 1}):
         with pytest.raises(ValueError):
             CreditConfig(**bad)
+
+
+def test_memory_evidence_subsets_and_pooled_reference():
+    """bench/memory_evidence.py: the subsets it scores, and its pooled reference is causal (iteration 0 alone)."""
+    import sys
+    sys.path.insert(0, str(RESULTS.parents[0]))
+    from memory_evidence import pooled_advantages, subset_masks
+
+    from milegpo_cli.experiments.credit_bench import Recording
+    never = corridor("u", 1, [["s", "c"], ["s", "d"]], [False, False])
+    rollouts = EARLIER + ALL_FAIL + never
+    records = [{"group": r.group, "rollout": r.rollout_id, "outcome": r.outcome, "success": bool(r.outcome),
+                "task": r.task, "iteration": r.iteration, "p": 0.5, "task_type": "x",
+                "steps": [{"state": s, "action": a, "reward": w, "oracle_good": True, "subgoals": []}
+                          for s, a, w in zip(r.states, r.actions, r.rewards)]} for r in rollouts]
+    rec = Recording.from_records(records)
+    masks = subset_masks(rec)
+    assert masks["all-fail"].tolist() == [False] * 4 + [True] * 6
+    assert masks["all-fail, succeeded earlier"].tolist() == [False] * 4 + [True] * 4 + [False] * 2
+    pooled = pooled_advantages(rec, CreditConfig())
+    first = sum(len(r.states) for r in EARLIER)
+    assert np.array_equal(pooled[:first], result(EARLIER, CreditConfig()).advantage)
