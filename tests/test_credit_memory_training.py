@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from test_trainer import make_config, models_dir, quiet  # noqa: F401  (models_dir: the shared tiny-model fixture)
 
-from milegpo_cli.experiments.diagnose import diagnose, render_diagnosis
+from milegpo_cli.credit import RolloutBatch, compute_advantages
+from milegpo_cli.experiments.diagnose import diagnose, render_diagnosis, stored_rollouts
 from milegpo_cli.store import RunStore
 from milegpo_cli.trainer import loop
 
@@ -75,6 +77,11 @@ def test_resumed_run_continues_with_the_stored_memory(tmp_path, models_dir, monk
     assert a_store.task_memory(a_id, 4) == b_store.task_memory(b_id, 4)
     c_store, c_id = crashed_then_resumed(tmp_path / "c", forget=True)
     assert advantages(a_store, a_id) != advantages(c_store, c_id)  # so the equality above needs the stored memory
+
+    # the stored rollouts carry their task and iteration: v3 recomputed on the whole run gives what training used
+    data = stored_rollouts(a_store, a_id)
+    again = compute_advantages(RolloutBatch.from_rollouts(data["rollouts"]), "milegpo", a_cfg.credit).advantage
+    assert np.array_equal(again, data["advantage"])
 
     d = diagnose(a_store, a_id, n_resamples=20)
     assert [m["iteration"] for m in d["memory"]] == [1, 2, 3, 4]

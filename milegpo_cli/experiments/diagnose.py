@@ -43,7 +43,8 @@ def stored_rollouts(store, run_id: int, iteration: int | None = None) -> dict:
         task_of[group] = (e["task_id"], e["task_type"])
         rollouts.append(Rollout(group=group, rollout_id=e["index"], states=[s["state_key"] for s in steps],
                                 actions=[s["action"] for s in steps], rewards=[s["reward"] for s in steps],
-                                outcome=e["outcome"], success=bool(e["success"]), final_state=e.get("final_state")))
+                                outcome=e["outcome"], success=bool(e["success"]), final_state=e.get("final_state"),
+                                task=e["task_id"], iteration=e["iteration"]))  # credit.memory sees the run's order
         good += [s["oracle_good"] for s in steps]
         subgoals += [tuple(s["subgoals"] or ()) for s in steps]
         advantage += [s["advantage"] for s in steps]
