@@ -89,7 +89,6 @@ class Recall:
     edge_src: np.ndarray  # recalled transitions, node ids; extra nodes from num_states + 2 on
     edge_dst: np.ndarray
     num_nodes: int  # num_states + 2 + extra nodes
-    recalled: np.ndarray  # per group: recalled some evidence (bool)
 
 
 def fold(memory: TaskMemory | None, part: TaskMemory, decay: float, floor: float, max_states: int) -> TaskMemory:
@@ -140,14 +139,14 @@ def recall(memory: Memory, batch: RolloutBatch, graph: RolloutGraph, ev: StateEv
     iteration order; a group's iteration must be later than its task's memory."""
     s, n_groups = batch.num_states, batch.num_groups
     out = {k: np.zeros(s) for k in ("n_pos", "n_neg", "fail_visits")}
-    rollouts, successes, recalled = np.zeros(n_groups), np.zeros(n_groups), np.zeros(n_groups, bool)
+    rollouts, successes = np.zeros(n_groups), np.zeros(n_groups)
     src: list[int] = []
     dst: list[int] = []
     extra = 0
     memories = dict(memory)
     if batch.group_task is None:
         return Recall(out["n_pos"], out["n_neg"], out["fail_visits"], rollouts, successes, np.zeros(0, np.int64),
-                      np.zeros(0, np.int64), s + 2, recalled), memories
+                      np.zeros(0, np.int64), s + 2), memories
     parts = group_parts(batch, graph, ev)
     ids: list[dict] = [{} for _ in range(n_groups)]
     for x in range(s):
@@ -162,16 +161,15 @@ def recall(memory: Memory, batch: RolloutBatch, graph: RolloutGraph, ev: StateEv
             if old.iteration >= it:
                 raise CreditError(f"iteration: group {batch.group_names[g]!r} of task {batch.group_task[g]!r} is at "
                                  f"iteration {it}, its memory already holds iteration {old.iteration}")
-            mem = old.aged(it, decay)
-            recalled[g] = mem.rollouts > 0
-            rollouts[g], successes[g] = mem.rollouts, mem.successes
+            f = decay ** (it - old.iteration)  # the memory aged to this iteration
+            rollouts[g], successes[g] = f * old.rollouts, f * old.successes
             local = dict(ids[g])  # recalled states the group did not visit become extra nodes here
-            for k, (a, b, c) in mem.states.items():
+            for k, (a, b, c) in old.states.items():
                 x = local.get(k)
                 if x is not None:
-                    out["n_pos"][x], out["n_neg"][x], out["fail_visits"][x] = a, b, c
-            for (ku, kv), w in mem.edges.items():
-                if w < floor:
+                    out["n_pos"][x], out["n_neg"][x], out["fail_visits"][x] = f * a, f * b, f * c
+            for (ku, kv), w in old.edges.items():
+                if f * w < floor:
                     continue
                 nodes = []
                 for k in (ku, kv):
@@ -186,7 +184,7 @@ def recall(memory: Memory, batch: RolloutBatch, graph: RolloutGraph, ev: StateEv
             task = batch.group_task[g]
             memories[task] = fold(memories.get(task), parts[g], decay, floor, max_states)
     return Recall(out["n_pos"], out["n_neg"], out["fail_visits"], rollouts, successes,
-                  np.asarray(src, np.int64), np.asarray(dst, np.int64), s + 2 + extra, recalled), memories
+                  np.asarray(src, np.int64), np.asarray(dst, np.int64), s + 2 + extra), memories
 
 
 def with_recall(batch: RolloutBatch, graph: RolloutGraph, ev: StateEvidence,
