@@ -189,3 +189,11 @@ def test_memory_evidence_subsets_and_pooled_reference():
     pooled = pooled_advantages(rec, CreditConfig())
     first = sum(len(r.states) for r in EARLIER)
     assert np.array_equal(pooled[:first], result(EARLIER, CreditConfig()).advantage)
+
+
+def test_any_string_is_a_state_key_even_the_empty_one():
+    """SUCCESS is not a string in the memory, so a state named "" is a state (and survives the store's JSON form)."""
+    earlier = corridor("t", 0, [["s", "", "b"], ["s", "c", "c"]], [True, False])
+    memory = result(earlier).memory["t"]
+    assert ("s", "") in memory.edges and ("b", None) in memory.edges and "" in memory.states
+    assert TaskMemory.from_dict(json.loads(json.dumps(memory.to_dict()))) == memory

@@ -34,7 +34,7 @@ from .batch import CreditError, RolloutBatch
 from .evidence import StateEvidence
 from .graph import RolloutGraph, distance_to
 
-SUCCESS_KEY = ""  # edge target of the SUCCESS terminal (a state key is never the empty string in a transition)
+SUCCESS_KEY = None  # edge target of the SUCCESS terminal (state keys are strings, any string)
 EDGES_PER_STATE = 4
 
 
@@ -46,7 +46,7 @@ class TaskMemory:
     rollouts: float
     successes: float
     states: Mapping[str, tuple[float, float, float]]  # key -> (n+, n-, failed-rollout visits)
-    edges: Mapping[tuple[str, str], float]  # (key u, key v or SUCCESS_KEY) -> transitions
+    edges: Mapping[tuple[str, str | None], float]  # (key u, key v or SUCCESS_KEY) -> transitions
 
     def aged(self, iteration: int, decay: float) -> "TaskMemory":
         """The same memory seen from ``iteration`` (>= self.iteration): every weight times decay^gap."""
@@ -64,7 +64,7 @@ class TaskMemory:
         index = {k: i for i, k in enumerate(self.states)}
         return {"iteration": self.iteration, "rollouts": self.rollouts, "successes": self.successes,
                 "states": [[k, *v] for k, v in self.states.items()],
-                "edges": [[index[u], -1 if v == SUCCESS_KEY else index[v], w] for (u, v), w in self.edges.items()]}
+                "edges": [[index[u], -1 if v is SUCCESS_KEY else index[v], w] for (u, v), w in self.edges.items()]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TaskMemory":
@@ -105,12 +105,15 @@ def fold(memory: TaskMemory | None, part: TaskMemory, decay: float, floor: float
         for e, w in part.edges.items():
             edges[e] = edges.get(e, 0.0) + w
         total = TaskMemory(part.iteration, old.rollouts + part.rollouts, old.successes + part.successes, states, edges)
-    keep = sorted(((v[0] + v[1], k) for k, v in total.states.items() if v[0] + v[1] >= floor), reverse=True)
-    states = {k: total.states[k] for _, k in keep[:max_states]}
-    edges = sorted(((w, e) for e, w in total.edges.items()
-                    if w >= floor and e[0] in states and (e[1] in states or e[1] == SUCCESS_KEY)), reverse=True)
+    # the heaviest first, ties in insertion order (the same after a store round trip)
+    keep = sorted((k for k, v in total.states.items() if v[0] + v[1] >= floor),
+                  key=lambda k: total.states[k][0] + total.states[k][1], reverse=True)
+    states = {k: total.states[k] for k in keep[:max_states]}
+    edges = sorted((e for e, w in total.edges.items()
+                    if w >= floor and e[0] in states and (e[1] in states or e[1] is SUCCESS_KEY)),
+                   key=total.edges.__getitem__, reverse=True)
     return TaskMemory(total.iteration, total.rollouts, total.successes, states,
-                      {e: w for w, e in edges[:EDGES_PER_STATE * max_states]})
+                      {e: total.edges[e] for e in edges[:EDGES_PER_STATE * max_states]})
 
 
 def group_parts(batch: RolloutBatch, graph: RolloutGraph, ev: StateEvidence) -> list[TaskMemory]:
@@ -173,7 +176,7 @@ def recall(memory: Memory, batch: RolloutBatch, graph: RolloutGraph, ev: StateEv
                     continue
                 nodes = []
                 for k in (ku, kv):
-                    x = s if k == SUCCESS_KEY else local.get(k)
+                    x = s if k is SUCCESS_KEY else local.get(k)
                     if x is None:
                         x = local[k] = s + 2 + extra
                         extra += 1
