@@ -82,7 +82,7 @@ ItersOpt = Annotated[Optional[int], typer.Option(
     "--iterations", metavar="N", help="Training iterations [default: the recipe's run.iterations].")]
 DropOpt = Annotated[Optional[list[str]], typer.Option(
     "--drop", metavar="COMPONENT", help="Ablate a MileGPO component: reliability, progress, same-state, traps, "
-                                        "milestones; repeatable [default: none].")]
+                                        "milestones, memory (credit.memory); repeatable [default: none].")]
 DbOpt = Annotated[Optional[str], typer.Option(
     "--db", envvar="MILEGPO_DB", metavar="URL",
     help="SQLAlchemy URL or SQLite path of the run store [default: <runs-dir>/milegpo.db].")]

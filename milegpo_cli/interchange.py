@@ -2,6 +2,7 @@
 
 Input, one rollout per line:
     {"group": str, "rollout": int|str, "outcome": float, "success": bool (optional), "final_state": str (optional),
+     "task": str (optional), "iteration": int >= 0 (optional, needs "task"),
      "steps": [{"state": str, "action": str, "reward": float (optional, default 0),
                 "invalid": bool (optional, default false), "subgoals": [str, ...] (optional)}, ...]}
 A file may be gzip-compressed (recognised by its first bytes, whatever its name).
@@ -121,6 +122,7 @@ def parse_rollout(text: str, line: int) -> Rollout:
     final_state = obj.get("final_state")
     if final_state is not None:
         final_state = sys.intern(_string(final_state, line, "final_state"))
+    task, iteration = _task_order(obj, line)
     steps = obj["steps"]
     if not isinstance(steps, list):
         raise InterchangeError(line, "steps", "must be a list")
@@ -138,7 +140,22 @@ def parse_rollout(text: str, line: int) -> Rollout:
     return Rollout(group=_string(obj["group"], line, "group"), rollout_id=rid, states=states, actions=actions,
                    rewards=rewards, outcome=_number(obj["outcome"], line, "outcome"), success=success,
                    invalid=_invalid(steps, line),
-                   subgoals=_per_step(steps, "subgoals", _subgoals, line), final_state=final_state)
+                   subgoals=_per_step(steps, "subgoals", _subgoals, line), final_state=final_state,
+                   task=task, iteration=iteration)
+
+
+def _task_order(obj: dict, line: int) -> tuple[str | None, int | None]:
+    """The optional ``task`` (string) and ``iteration`` (integer >= 0; needs a task). A task without an
+    iteration is kept but gives no order, so the memory does not use it (credit/memory.py)."""
+    task, iteration = obj.get("task"), obj.get("iteration")
+    if task is None:
+        if iteration is not None:
+            raise InterchangeError(line, "task", "missing (given with iteration)")
+        return None, None
+    task = sys.intern(_string(task, line, "task"))
+    if iteration is not None and (isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0):
+        raise InterchangeError(line, "iteration", f"must be an integer >= 0, got {iteration!r}")
+    return task, iteration
 
 
 STDIN = "-"  # the input path that reads standard input
@@ -242,6 +259,10 @@ def rollout_line(r: Rollout) -> str:
         obj["success"] = bool(r.success)
     if r.final_state is not None:
         obj["final_state"] = r.final_state
+    if r.task is not None:
+        obj["task"] = r.task
+    if r.iteration is not None:
+        obj["iteration"] = int(r.iteration)
     obj["steps"] = steps = [{"state": s, "action": a, "reward": float(w)}
                             for s, a, w in zip(r.states, r.actions, r.rewards)]
     if r.invalid is not None:

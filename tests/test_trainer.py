@@ -97,11 +97,11 @@ def test_resume_after_crash_equals_uninterrupted_run(tmp_path, models_dir, monke
     real = loop.train_iteration
     calls = []
 
-    def crash_at_4(config, *args):  # iteration 3 is stored, its checkpoint never written
+    def crash_at_4(config, *args, **kw):  # iteration 3 is stored, its checkpoint never written
         calls.append(args[-1])
         if len(calls) == 4:
             raise KeyboardInterrupt("simulated crash during iteration 4")
-        return real(config, *args)
+        return real(config, *args, **kw)
 
     monkeypatch.setattr(loop, "train_iteration", crash_at_4)
     with pytest.raises(KeyboardInterrupt):
@@ -138,6 +138,7 @@ def test_rollout_command_evaluates_a_checkpoint_and_records(tmp_path, models_dir
     assert len(ev) == 1 and ev[0]["split"] == "ood" and ev[0]["episodes"] == 3 and ev[0]["iteration"] == 1
     lines = [json.loads(x) for x in record.read_text().splitlines()]
     assert len(lines) == 3 and all(len(x["steps"]) >= 1 for x in lines)
+    assert all(x["task"] == x["group"] and x["iteration"] == 1 for x in lines)  # the checkpoint's iteration
     assert all(isinstance(s["invalid"], bool) and isinstance(s["subgoals"], list) for x in lines for s in x["steps"])
     assert all(isinstance(x["final_state"], str) and x["final_state"] for x in lines)
     with pytest.raises(Exception, match="no checkpoint for iteration 7"):

@@ -35,6 +35,8 @@ class Rollout:
     invalid: Sequence[bool] | None = None  # per step: the reply was unparsable / inadmissible (verl-agent penalty)
     subgoals: Sequence[Sequence[str]] | None = None  # per step: true subgoals newly reached (oracle-milestones)
     final_state: str | None = None  # kappa(s_T), the state the last step led to; None = unknown
+    task: str | None = None  # groups with the same task share their states across iterations (credit/memory.py)
+    iteration: int | None = None  # the order in which a task's groups were played; needs ``task``
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,6 +50,8 @@ class RolloutBatch:
     Per state id (length S): ``state_keys``, ``state_group``. Per pair id: ``pair_state``.
     ``rollout_final``: per rollout, the state id of its recorded final state, -1 where unknown; final
     states are interned after every step state, so the step-state ids do not depend on them.
+    ``group_task`` / ``group_iteration``: per group, its task (None: no task and iteration given) and
+    iteration (-1: none); both None when no rollout gives an iteration.
     """
 
     group_names: tuple[str, ...]
@@ -74,6 +78,8 @@ class RolloutBatch:
     step_subgoals: np.ndarray | None = None
     has_subgoals: bool = False
     rollout_final: np.ndarray | None = None
+    group_task: tuple[str | None, ...] | None = None
+    group_iteration: np.ndarray | None = None
 
     @property
     def num_groups(self) -> int:
@@ -109,6 +115,7 @@ class RolloutBatch:
         invalid_flat: list[bool] = []
         subgoals_flat: list[int] = []
         has_subgoals = bool(rollouts)
+        group_order: dict[int, tuple[str | None, int | None]] = {}
         for r in rollouts:
             where = f"rollout {r.rollout_id!r} of group {r.group!r}"
             if (r.group, r.rollout_id) in seen:
@@ -137,6 +144,7 @@ class RolloutBatch:
             else:
                 subgoals_flat.extend(len(sg) for sg in r.subgoals)
             g = group_index.setdefault(r.group, len(group_index))
+            _check_order(r, where, group_order.setdefault(g, (r.task, r.iteration)))
             rollout_group.append(g)
             outcome.append(out)
             success.append(bool(r.success) if r.success is not None else out >= success_threshold)
@@ -186,4 +194,26 @@ class RolloutBatch:
             step_subgoals=np.asarray(subgoals_flat, dtype=np.int64),
             has_subgoals=has_subgoals,
             rollout_final=np.asarray(final, dtype=np.int64),
+            **_group_order(group_order),
         )
+
+
+def _check_order(r: Rollout, where: str, first: tuple[str | None, int | None]) -> None:
+    """``iteration`` (an integer >= 0) needs a string ``task``; both are the same on every rollout of a group."""
+    if r.iteration is not None and (not isinstance(r.task, str) or isinstance(r.iteration, bool)
+                                    or not isinstance(r.iteration, (int, np.integer)) or r.iteration < 0):
+        raise CreditError(f"iteration: {where} needs a string task and an integer iteration >= 0, "
+                          f"got {r.task!r}, {r.iteration!r}")
+    if (r.task, r.iteration) != first:
+        raise CreditError(f"task: {where} has task {r.task!r} iteration {r.iteration!r}, its group has "
+                          f"{first[0]!r} iteration {first[1]!r}")
+
+
+def _group_order(order: dict[int, tuple[str | None, int | None]]) -> dict:
+    """RolloutBatch's ``group_task`` / ``group_iteration``: a group's task counts only with its iteration
+    (None when no group gives both)."""
+    if all(it is None for _, it in order.values()):
+        return {}
+    return {"group_task": tuple(None if order[g][1] is None else order[g][0] for g in range(len(order))),
+            "group_iteration": np.asarray([-1 if order[g][1] is None else int(order[g][1]) for g in range(len(order))],
+                                          dtype=np.int64)}

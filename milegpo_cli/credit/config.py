@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-DROPPABLE = ("reliability", "progress", "same-state", "branch", "traps", "milestones")
+DROPPABLE = ("reliability", "progress", "same-state", "branch", "traps", "milestones", "memory")
 COMPONENTS = tuple(n for n in DROPPABLE if n != "branch")  # MileGPO's components ("branch": alias of same-state)
 NORMS = ("mean_std", "mean")
 EPISODE_STATS = ("rollouts", "steps")
@@ -88,6 +88,11 @@ class CreditConfig:
     lambda_p: float = 2.0  # chosen from the credit diagnostics (docs/algorithms.md "Choosing the defaults")
     g_p: float = 0.5  # credit factor of a candidate that fails the progress gate (v2 as measured: 0)
     g_b: float = 0.5  # credit factor of a candidate that fails the same-state branch test (v2 as measured: 0)
+    # v3's memory across iterations of a task (credit/memory.py; needs rollouts with task / iteration)
+    memory: bool = False  # off: training has not shown that it helps (docs/results_memory.md)
+    memory_decay: float = 0.5  # delta: weight of evidence one iteration older (chosen in docs/results_memory.md)
+    memory_floor: float = 0.05  # entries below this weight are forgotten; recalled transitions need it
+    memory_states: int = 256  # states kept per task (the most visited), 4x as many transitions
     # GraphGPO (docs/algorithms.md, "GraphGPO"): step return c * gamma_G ** d
     graph_c: float = 10.0
     graph_gamma: float = 0.2
@@ -140,13 +145,18 @@ class CreditConfig:
                     raise ValueError(f"{f.name}: must be a finite number, got {v!r}")
                 if abs(v) > MAX_MAGNITUDE:
                     raise ValueError(f"{f.name}: must be at most {MAX_MAGNITUDE:g} in magnitude, got {v!r}")
-        for name in ("std_unbiased", "anchor_visits", "zero_identical", "graph_invalid", "hgpo_base_group"):
+        for name in ("std_unbiased", "anchor_visits", "zero_identical", "graph_invalid", "hgpo_base_group", "memory"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be a boolean, got {getattr(self, name)!r}")
         if isinstance(self.m_min, bool) or not isinstance(self.m_min, int) or self.m_min < 1:
             raise ValueError(f"m_min: must be an integer >= 1, got {self.m_min!r}")
         if isinstance(self.hgpo_history, bool) or not isinstance(self.hgpo_history, int) or self.hgpo_history < 0:
             raise ValueError(f"hgpo_history: must be an integer >= 0, got {self.hgpo_history!r}")
+        if isinstance(self.memory_states, bool) or not isinstance(self.memory_states, int) or self.memory_states < 1:
+            raise ValueError(f"memory_states: must be an integer >= 1, got {self.memory_states!r}")
+        for name in ("memory_decay", "memory_floor"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"{name}: must be in (0, 1], got {getattr(self, name)}")
         if self.eps <= 0:
             raise ValueError(f"eps: must be > 0, got {self.eps}")
         if self.prior_strength <= 0:

@@ -20,6 +20,8 @@ Beta-posterior P(p_v > p̄) mapped to [-1, 1]; w_T = the mean of the available t
 failed-rollout visits of v that are repeats, prior centred on the group's share r̄; needs a failed
 rollout). beta_t = sign(Q(u, a_t) - V(u)) where the group shows >= 2 actions at u, else 0; a tie is 0.
 Gates scale (g in [0, 1]); they never apply to a silent test.
+With ``credit.memory`` the counts n+, n-, N, N+ and the graph behind d include what the task's earlier
+iterations showed (credit/memory.py); counts are then real numbers and "N+ >= 1" reads "N+ > 0".
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from .evidence import branch_evidence, entry_steps, state_evidence
 from .gigpo import anchor_normalise, centre, step_returns
 from .graph import build_graph, revisited_later
 from .grpo import episode_advantage
+from .memory import Memory, recall, with_recall
 from .milegpo import reliability
 from .result import Candidate, CreditResult, make_result
 
@@ -50,15 +53,20 @@ def progress_signal(batch: RolloutBatch, distance: np.ndarray, next_node: np.nda
     return np.where(np.isinf(du), 0, np.where(dv < du, 1, -1)).astype(np.int8)
 
 
-def milegpo_v3(batch: RolloutBatch, config: CreditConfig, drop: frozenset) -> CreditResult:
+def milegpo_v3(batch: RolloutBatch, config: CreditConfig, drop: frozenset, memory: Memory | None = None) -> CreditResult:
     graph = build_graph(batch, config.graph_final == "observed")
     ev = state_evidence(batch, graph)
+    new_memory = None
+    if config.memory and "memory" not in drop:  # counts and graph plus what the task's earlier iterations showed
+        recalled, new_memory = recall(memory or {}, batch, graph, ev, config.memory_decay, config.memory_floor,
+                                      config.memory_states)
+        graph, ev = with_recall(batch, graph, ev, recalled)
     s_count, n, grp, k = batch.num_states, batch.num_steps, batch.state_group, config.prior_strength
 
     # Candidates by support
     pos_g = ev.group_pos[grp]
     repeats = ev.fail_visits - ev.n_neg
-    milestone = ~ev.initial & (pos_g >= 1) & (ev.n_pos >= np.minimum(config.m_min, pos_g))
+    milestone = ~ev.initial & (pos_g > 0) & (ev.n_pos > 0) & (ev.n_pos >= np.minimum(config.m_min, pos_g))
     trap = (ev.n_neg >= 2) | (repeats > 0)  # the initial state too: the credited step leaves it
     if "milestones" in drop:
         milestone[:] = False
@@ -111,7 +119,7 @@ def milegpo_v3(batch: RolloutBatch, config: CreditConfig, drop: frozenset) -> Cr
     flags[2, np.concatenate([ms_at, tr_at])] = beta[np.concatenate([ms_at, tr_at])] == 0
     return make_result(n, episode_step, rollout_adv, step_adv, config.omega, credit=credit,
                        milestone=flags[0], trap=flags[1], unverified=flags[2], progress=progress,
-                       branch=branch.sign, candidates=candidates)
+                       branch=branch.sign, candidates=candidates, memory=new_memory)
 
 
 def _candidates(batch, graph, ev, kind, mask, weight, at, state, credit, progress_against, beta, sign,

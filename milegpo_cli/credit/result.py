@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
@@ -52,6 +52,7 @@ class CreditResult:
     branch: np.ndarray
     rollout_advantage: np.ndarray  # A^E_i per rollout (also defined for zero-length rollouts)
     candidates: list[Candidate] = field(default_factory=list)
+    memory: Mapping[str, Any] | None = None  # MileGPO v3 with credit.memory: the memory after this batch (credit/memory.py)
 
 
 def make_result(num_steps: int, episode_step: np.ndarray, rollout_adv: np.ndarray, step_adv: np.ndarray,
@@ -70,4 +71,5 @@ def make_result(num_steps: int, episode_step: np.ndarray, rollout_adv: np.ndarra
         branch=parts.get("branch", np.zeros(num_steps, np.int8)),
         rollout_advantage=rollout_adv,
         candidates=parts.get("candidates", []),
+        memory=parts.get("memory"),
     )

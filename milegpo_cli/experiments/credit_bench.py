@@ -89,7 +89,8 @@ class Recording:
             rollouts.append(Rollout(group=r["group"], rollout_id=r["rollout"], states=[s["state"] for s in steps],
                                     actions=[s["action"] for s in steps], rewards=[s["reward"] for s in steps],
                                     outcome=r["outcome"], success=r["success"],
-                                    subgoals=[s["subgoals"] for s in steps], final_state=r.get("final_state")))
+                                    subgoals=[s["subgoals"] for s in steps], final_state=r.get("final_state"),
+                                    task=r.get("task"), iteration=r.get("iteration")))
             good += [s["oracle_good"] for s in steps]
             sub += [s["subgoals"] for s in steps]
             p.append(r["p"])

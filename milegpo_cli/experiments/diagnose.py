@@ -43,7 +43,8 @@ def stored_rollouts(store, run_id: int, iteration: int | None = None) -> dict:
         task_of[group] = (e["task_id"], e["task_type"])
         rollouts.append(Rollout(group=group, rollout_id=e["index"], states=[s["state_key"] for s in steps],
                                 actions=[s["action"] for s in steps], rewards=[s["reward"] for s in steps],
-                                outcome=e["outcome"], success=bool(e["success"]), final_state=e.get("final_state")))
+                                outcome=e["outcome"], success=bool(e["success"]), final_state=e.get("final_state"),
+                                task=e["task_id"], iteration=e["iteration"]))  # credit.memory sees the run's order
         good += [s["oracle_good"] for s in steps]
         subgoals += [tuple(s["subgoals"] or ()) for s in steps]
         advantage += [s["advantage"] for s in steps]
@@ -127,7 +128,8 @@ def diagnose(store, run_id: int | str, iteration: int | None = None, out_dir: st
     """
     run = store.get_run(run_id)  # RunNotFound for an unknown run
     rid = run["id"]
-    its = [it["iteration"] for it in store.iterations(rid)]
+    iteration_rows = store.iterations(rid)
+    its = [it["iteration"] for it in iteration_rows]
     if not its:
         raise ExperimentError(f"diagnose: run {rid} has no stored iterations yet")
     if iteration is not None and iteration not in its:
@@ -175,6 +177,7 @@ def diagnose(store, run_id: int | str, iteration: int | None = None, out_dir: st
         "recurring": _recurring(cands, data["task_of"]),
         "credit": [d.to_dict() for d in diags],
         "labelled_steps": int(sum(g is not None for g in data["oracle_good"])),
+        "memory": memory_rows(iteration_rows),
         "plots": [],
     }
     if out_dir is not None:
@@ -197,6 +200,17 @@ def diagnose(store, run_id: int | str, iteration: int | None = None, out_dir: st
                                                              title=f"run {rid}: candidates per iteration",
                                                              ylabel="count")))
     return result
+
+
+MEMORY_METRICS = {"all_fail_groups": "memory_all_fail_groups", "credited_groups": "memory_credited_groups",
+                  "credit_abs_mean": "memory_credit_abs_mean", "tasks": "memory_tasks", "entries": "memory_entries"}
+
+
+def memory_rows(iterations: list[dict]) -> list[dict]:
+    """Per training iteration with ``credit.memory`` (trainer/credit_memory.py): groups without a success, those
+    that got memory credit, the mean |credit| of their steps, the memory's tasks and entries."""
+    return [{"iteration": it["iteration"], **{k: (it["metrics"] or {}).get(m) for k, m in MEMORY_METRICS.items()}}
+            for it in iterations if MEMORY_METRICS["credited_groups"] in (it["metrics"] or {})]
 
 
 def _e(est: dict | None) -> str:
@@ -245,6 +259,13 @@ def render_diagnosis(d: dict, fmt: str = "table"):
         t.add_row(str(e["iteration"]), str(e["milestones"]), f(e["milestone_rho"]), f(e["milestone_progress_ok"]),
                   f(e["milestone_branch_ok"]), str(e["traps"]), f(e["trap_rho"]))
     out.append(t)
+    if d.get("memory"):
+        t = _table("memory across iterations (credit.memory): groups without a success that got memory credit",
+                   ["iteration", "all-fail groups", "with memory credit", "mean |credit|", "tasks", "entries"])
+        for m in d["memory"]:
+            t.add_row(str(m["iteration"]), f"{m['all_fail_groups']:.0f}", f"{m['credited_groups']:.0f}",
+                      f"{m['credit_abs_mean']:.3f}", f"{m['tasks']:.0f}", f"{m['entries']:.0f}")
+        out.append(t)
     stored = next((c for c in d["credit"] if c["name"].startswith(STORED)), None)
     t = _table(f"credit diagnostics on the stored rollouts ({d['labelled_steps']} oracle-labelled steps; 95% CI over "
                "groups)" + (f"; stored = the advantages the run trained with ({method_label(stored['algo'], stored['drop'])})"

@@ -49,7 +49,15 @@ def _v4_to_v5(conn: Connection) -> None:
     conn.execute(text("ALTER TABLE experiments ADD COLUMN lock_heartbeat FLOAT"))
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
+def _v5_to_v6(conn: Connection) -> None:
+    """``task_memory``: MileGPO v3's memory across iterations of a task (credit/memory.py); a new, empty table,
+    created from its model (SQLAlchemy writes each dialect's CREATE TABLE and index)."""
+    from .models import TaskMemory
+    TaskMemory.__table__.create(conn)
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
+                                                      5: _v5_to_v6}
 
 
 def upgrade(conn: Connection, version: int, target: int) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, SmallInteger, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 EVALUATION_PHASES = ("untrained", "warmstart", "train")
 
 
@@ -171,3 +171,16 @@ class Checkpoint(Base):
     path: Mapped[str] = mapped_column(String(1000))
     sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class TaskMemory(Base):
+    """MileGPO v3's memory of one task as of one iteration (credit/memory.py, ``TaskMemory.to_dict``); written
+    for the tasks an iteration played, so the memory as of iteration k is each task's last row <= k."""
+
+    __tablename__ = "task_memory"
+    __table_args__ = (Index("ix_task_memory_run_iteration", "run_id", "iteration"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    iteration: Mapped[int]
+    task: Mapped[str] = mapped_column(String(300))
+    memory: Mapped[dict[str, Any]] = mapped_column(default=dict)

@@ -28,14 +28,14 @@ from urllib.parse import quote
 from sqlalchemy import Engine, create_engine, delete, event, func, inspect, insert, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError, OperationalError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from envs.faults import fault_point
 from milegpo_cli.errors import RunNotFound, StoreError
 from milegpo_cli.interrupts import deferred_interrupts
 from milegpo_cli.store.migrations import upgrade
 from milegpo_cli.store.models import (EVALUATION_PHASES, SCHEMA_VERSION, Base, Candidate, Checkpoint, Episode,
-                                      Evaluation, Experiment, Iteration, Run, SchemaVersion, Step)
+                                      Evaluation, Experiment, Iteration, Run, SchemaVersion, Step, TaskMemory)
 from milegpo_cli.store.records import CandidateRecord, EpisodeRecord
 
 RUN_STATUSES = ("created", "running", "finished", "failed", "killed")
@@ -480,6 +480,7 @@ class RunStore:
         s.execute(delete(Episode).where(Episode.id.in_(episodes)))
         s.execute(delete(Candidate).where(Candidate.run_id == run_id, iteration_filter(Candidate.iteration)))
         s.execute(delete(Iteration).where(Iteration.run_id == run_id, iteration_filter(Iteration.iteration)))
+        s.execute(delete(TaskMemory).where(TaskMemory.run_id == run_id, iteration_filter(TaskMemory.iteration)))
 
     @staticmethod
     def _delete_evaluations(s: Session, evaluations) -> None:
@@ -515,6 +516,33 @@ class RunStore:
             if candidates:
                 s.execute(insert(Candidate), [_candidate_row(run_id, iteration, c) for c in candidates])
         self._write(fn)
+
+    def record_task_memory(self, run_id: int, iteration: int, memories: dict[str, dict[str, Any]]) -> None:
+        """The memory of the tasks that ``iteration`` played (credit/memory.py), replacing what that iteration had."""
+        def fn(s: Session) -> None:
+            self._run(s, run_id)
+            s.execute(delete(TaskMemory).where(TaskMemory.run_id == run_id, TaskMemory.iteration == iteration))
+            if memories:
+                s.execute(insert(TaskMemory), [{"run_id": run_id, "iteration": iteration, "task": task, "memory": m}
+                                               for task, m in memories.items()])
+        self._write(fn)
+
+    def prune_task_memory(self, run_id: int, upto: int) -> None:
+        """Drop the memory rows no resume from iteration >= ``upto`` can read: a task's rows before its last row <= upto."""
+        def fn(s: Session) -> None:
+            last = aliased(TaskMemory)
+            superseded = select(func.max(last.iteration)).where(
+                last.run_id == run_id, last.task == TaskMemory.task, last.iteration <= upto).scalar_subquery()
+            s.execute(delete(TaskMemory).where(TaskMemory.run_id == run_id, TaskMemory.iteration < superseded))
+        self._write(fn)
+
+    def task_memory(self, run_id: int, upto: int) -> dict[str, dict[str, Any]]:
+        """Each task's memory as of iteration ``upto``: its last row at an iteration <= upto."""
+        def fn(s: Session) -> dict[str, dict[str, Any]]:
+            rows = s.execute(select(TaskMemory.task, TaskMemory.memory).where(
+                TaskMemory.run_id == run_id, TaskMemory.iteration <= upto).order_by(TaskMemory.iteration)).all()
+            return {task: memory for task, memory in rows}
+        return self._read(fn)
 
     def delete_after(self, run_id: int, iteration: int) -> None:
         """Remove everything recorded after ``iteration`` (resume from its checkpoint)."""

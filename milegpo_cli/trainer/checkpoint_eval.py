@@ -46,7 +46,7 @@ def evaluate(store, run_id: int | str, split: str, episodes: int, checkpoint: in
     store.record_evaluation(rid, split, metrics, [episode_record(e) for e in played], iteration=ckpt.iteration,
                             checkpoint=relative_to_folder(ckpt.path, config.store.root), phase="train")
     if record_path is not None:
-        write_rollouts(record_path, [replace(to_rollout(e), group=e.task.task_id, rollout_id=0) for e in played])
+        write_rollouts(record_path, [replace(to_rollout(e, ckpt.iteration), group=e.task.task_id, rollout_id=0) for e in played])
     console.print(f"run {rid} checkpoint {ckpt.iteration}: {split} success {metrics['success_rate']:.3f} "
                   f"(score {metrics['mean_outcome']:.3f}) over {len(played)} episodes")
     return metrics

@@ -14,13 +14,15 @@ def group_key(group: int) -> str:
     return f"g{group}"
 
 
-def to_rollout(ep: Episode) -> Rollout:
+def to_rollout(ep: Episode, iteration: int | None = None) -> Rollout:
     """The credit package's view of an episode, with its invalid flags and true subgoals; its rewards
-    carry the invalid penalty only where the estimator does not apply it (``rollout.reward_penalty``)."""
+    carry the invalid penalty only where the estimator does not apply it (``rollout.reward_penalty``).
+    ``iteration``: with the task, the order of its groups (credit/memory.py)."""
     return Rollout(group=group_key(ep.group), rollout_id=ep.index, states=list(ep.states),
                    actions=[a if a is not None else INVALID_ACTION for a in ep.actions], rewards=list(ep.rewards),
                    outcome=ep.score, success=ep.won, invalid=list(ep.invalid),
-                   subgoals=[tuple(g) for g in ep.subgoals], final_state=ep.final_state or None)
+                   subgoals=[tuple(g) for g in ep.subgoals], final_state=ep.final_state or None,
+                   task=ep.task.task_id, iteration=iteration)
 
 
 def episode_record(ep: Episode, parts: dict[str, np.ndarray] | None = None, offset: int = 0) -> EpisodeRecord:

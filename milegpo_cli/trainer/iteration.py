@@ -17,8 +17,11 @@ import torch
 from envs.faults import fault_point
 from milegpo_cli.config import Config
 from milegpo_cli.credit import RolloutBatch, compute_advantages
+from milegpo_cli.credit.memory import Memory
+from milegpo_cli.credit.result import CreditResult
 from milegpo_cli.store.records import CandidateRecord, EpisodeRecord
 from milegpo_cli.trainer.distributed import gather_iteration, group_offset, rank_parts, shard, world_size
+from milegpo_cli.trainer.credit_memory import memory_metrics
 from milegpo_cli.trainer.episode_records import candidate_record, episode_record, to_rollout
 from milegpo_cli.trainer.evaluation import episode_metrics
 from milegpo_cli.trainer.rollout import RolloutStats, reward_penalty, run_episodes
@@ -32,6 +35,7 @@ class IterationResult:
     metrics: dict[str, float]
     episodes: list[EpisodeRecord]
     candidates: list[CandidateRecord]
+    credit: CreditResult | None = None
 
 
 def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
@@ -50,7 +54,8 @@ def sample_tasks(pool: Sequence, groups: int, seed: int, iteration: int) -> list
     return [pool[i] for i in rng.choice(len(pool), size=groups, replace=False)]
 
 
-def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite, iteration: int) -> IterationResult:
+def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite, iteration: int,
+                    memory: Memory | None = None) -> IterationResult:
     """Sample tasks for ``iteration``, roll out G x N episodes, assign credit, update the policy."""
     acc = updater.accelerator  # data parallel (trainer/distributed.py): this rank's block of the K x G tasks
     seed_everything(derive_seed(config.run.seed, "iteration", iteration, *rank_parts(acc)))
@@ -67,8 +72,8 @@ def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite
 
     t0 = time.perf_counter()
     valid = [e for e in episodes if not e.errored]
-    batch = RolloutBatch.from_rollouts([to_rollout(e) for e in valid], config.credit.success_threshold)
-    result = compute_advantages(batch, config.run.algo, config.credit)  # its drop list: config.credit.drop
+    batch = RolloutBatch.from_rollouts([to_rollout(e, iteration) for e in valid], config.credit.success_threshold)
+    result = compute_advantages(batch, config.run.algo, config.credit, memory=memory)  # its drop list: config.credit.drop
     t_credit = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -111,5 +116,6 @@ def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite
         "credit_time_share": t_credit / total if total > 0 else 0.0,
         "rollout_steps_per_s": stats.steps / t_rollout if t_rollout > 0 else 0.0,
         "cache_hit_rate": stats.cache_hits / stats.steps if stats.steps else 0.0,
+        **memory_metrics(batch, result),
     }
-    return IterationResult(metrics, every.records, every.candidates)
+    return IterationResult(metrics, every.records, every.candidates, result)

@@ -35,6 +35,8 @@ from milegpo_cli.config import Config
 from milegpo_cli.run_folder import relative_to_folder, resume_command
 from milegpo_cli.trainer.builders import build_policy, build_suite, make_accelerator
 from milegpo_cli.trainer.checkpoint import DiskFull, claim_folder, save_checkpoint, set_rng_state
+from milegpo_cli.trainer.credit_memory import RunMemory
+from milegpo_cli.trainer.distributed import world_size
 from milegpo_cli.trainer.episode_records import episode_record
 from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe, format_success, run_evaluation
 from milegpo_cli.trainer.iteration import numeric_metrics, train_iteration, train_pool
@@ -186,6 +188,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
             updater.load_state_dict(ckpt.trainer_state)
             set_rng_state(ckpt.rng_state)
         bad = 0
+        memory = RunMemory(config, store, run_id, start, world_size(accelerator))
         with _progress(console) as progress:
             bar = progress.add_task(f"train {run_name(config)}", total=config.run.iterations, completed=start,
                                     status="")
@@ -193,7 +196,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
                 t0 = time.perf_counter()
                 load = follow_load(meter)  # torch threads drop to the cores other processes leave free
                 set_threads(config.run.threads)
-                res = train_iteration(config, policy, updater, venv, pool, suite, it)
+                res = train_iteration(config, policy, updater, venv, pool, suite, it, memory=memory.tasks)
                 res.metrics.update(load)
                 probes = probe.measure(policy)
                 for split, values in probes.items():
@@ -204,6 +207,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
                                   f"{bad} in a row, training stops at {config.ppo.max_bad_updates}[/yellow]")
                 if main:
                     store.record_iteration(run_id, it, res.metrics, res.episodes, res.candidates)
+                    memory.keep(store, run_id, it, res.credit)
                     tracker.log_metrics(res.metrics, step=it)
                 if plain:
                     log(iteration_line(it, config.run.iterations, res.metrics, time.perf_counter() - t0))
