@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # PREPARED, NOT YET RUN: no GPU has been lent to this project so far; this script has never run end to end.
-# (Its parts are tested on CPU: the estimators, the milegpo_sync trainer hook and the ALFWorld agent loop,
-# tests/verl_plugin. The vLLM / FSDP side of it has not run anywhere. Record the first run's output in
-# docs/scale.md, "MileGPO in verl".)
+# (Its parts are tested on CPU in tests/verl_plugin: the estimators, the milegpo_sync trainer hook, the ALFWorld
+# agent loop, and its Hydra overrides compose against verl 0.9.1's config (test_gpu_check_config.py). The
+# vLLM / FSDP side has not run anywhere. Record the first run's output in docs/scale.md, "MileGPO in verl".)
 #
 # Two training steps of verl 0.9.1 on ALFWorld with Qwen2.5-0.5B-Instruct on 1 GPU: vLLM rollouts
 # driven by our agent loop (milegpo_alfworld, one row per turn), algorithm.adv_estimator=milegpo,

@@ -43,6 +43,17 @@ def suite_for(env: str, settings: dict):
     return _SUITES[key]
 
 
+def turn_outputs(turns, final_state: str, score: float) -> list[AgentLoopOutput]:
+    """One AgentLoopOutput per turn ``(prompt_ids, reply_ids, logprobs, fields)``: the episode's score as
+    ``reward_score`` (verl then skips its reward loop) and ``reward_extra_info`` (which verl copies
+    from the last turn to the others), the turn's fields with the episode's final state and score."""
+    return [AgentLoopOutput(prompt_ids=p, response_ids=r, response_mask=[1] * len(r),
+                            response_logprobs=lp[: len(r)] if lp else None, reward_score=score, num_turns=2,
+                            metrics=AgentLoopMetrics(),
+                            extra_fields={**f, "milegpo_final_state": final_state, REWARD: score, "reward_extra_info": {}})
+            for p, r, lp, f in turns]
+
+
 class EngineAgentLoop(AgentLoopBase):
     """One episode of ``env`` per session; settings (agent-loop yaml entry or defaults): ``env_config``
     (AlfworldConfig / WebshopConfig fields), ``max_steps`` (the suite's), ``history`` 2,
@@ -97,11 +108,7 @@ class EngineAgentLoop(AgentLoopBase):
                     break
         finally:
             venv.close()
-        return [AgentLoopOutput(prompt_ids=p, response_ids=r, response_mask=[1] * len(r),
-                                response_logprobs=lp[: len(r)] if lp else None, reward_score=score, num_turns=2,
-                                metrics=AgentLoopMetrics(),
-                                extra_fields={**f, "milegpo_final_state": obs.state_key, REWARD: score})
-                for p, r, lp, f in turns]
+        return turn_outputs(turns, obs.state_key, score)
 
 
 @register("milegpo_alfworld")

@@ -104,7 +104,7 @@ def row_advantages(outcomes: np.ndarray, index: Sequence, fields: Sequence[Mappi
 
 
 def rollout_rows(rollouts: Sequence[Rollout]) -> tuple[np.ndarray, list[str], list[dict]]:
-    """The inverse of :func:`rows_to_batch` (tests, benches, the agent loops): per turn row its
+    """The inverse of :func:`rows_to_batch` (tests and benches): per turn row its
     episode reward, uid and :data:`FIELDS`, rollout by rollout in turn order."""
     outcomes, index, fields = [], [], []
     for r in rollouts:
