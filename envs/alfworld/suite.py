@@ -69,12 +69,12 @@ class AlfworldSuite(EnvSuite):
             raise EnvError(f"n: must be >= 1 and start >= 0, got n={n}, start={start}")
         rng = random.Random(f"alfworld-tasks|{split}|{seed}")
         if self.config.official_data is not None:
-            games = official_games(self.config, split)
+            games = self._official_order(split)
             if n > len(games):
                 raise EnvError(f"{split}: asked for {n} games, the official split has {len(games)}")
             if start + n > len(games):
                 raise EnvError(f"{split}: asked for games {start}..{start + n - 1}, the official split has {len(games)}")
-            games = random.Random(f"alfworld-official|{split}").sample(games, len(games))[start:start + n]
+            games = games[start:start + n]
             rng.shuffle(games)
             root = self.config.official_path
             ids = [os.path.relpath(os.path.dirname(g), root) for g in games]
@@ -95,6 +95,28 @@ class AlfworldSuite(EnvSuite):
                                        "floor_plan": traj.get("scene", {}).get("floor_plan", ""),
                                        "pddl_params": traj["pddl_params"]}))
         return tasks
+
+    def _official_order(self, split: str) -> list[str]:
+        """The official split's games in their fixed order (the positions of ``tasks``)."""
+        games = official_games(self.config, split)
+        return random.Random(f"alfworld-official|{split}").sample(games, len(games))
+
+    def task_positions(self, split: str, task_types) -> list[int]:
+        """Generated games: game i has type ``task_types[i % 6]`` (generator.task_type_of), so no game
+        is built; official data: read from each game's traj_data.json."""
+        unknown = sorted(set(task_types) - set(self.config.task_types))
+        if unknown:
+            raise EnvError(f"task types {unknown}: not in this suite's {list(self.config.task_types)}")
+        if split in OFFICIAL_SPLITS.values() and self.config.official_data is not None:
+            split = {v: k for k, v in OFFICIAL_SPLITS.items()}[split]
+        check_split(split)
+        if self.config.official_data is None:
+            return [i for i in range(self.split_size(split)) if generator.task_type_of(self.config, i) in task_types]
+        types = []
+        for game in self._official_order(split):
+            with open(os.path.join(os.path.dirname(game), "traj_data.json")) as f:
+                types.append(json.load(f)["task_type"])
+        return [i for i, t in enumerate(types) if t in task_types]
 
     def split_size(self, split: str) -> int:
         if self.config.official_data is not None:
