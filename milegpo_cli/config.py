@@ -54,7 +54,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         _positive(self, "iterations", "threads")
         _check(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
-        _check(len(set(self.task_types)) == len(self.task_types), "task_types", f"duplicates in {list(self.task_types)}")
+        _check(len(set(self.task_types)) == len(self.task_types), "task_types",
+               f"duplicates in {list(self.task_types)}")
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,8 @@ def test_the_base_policy_does_not_change():
     assert rare.run.task_types == RARE
     assert base_version(shipped, "tiny") == base_version(rare, "tiny") == \
         base_version(load_config("alfworld", [RARE_SET]), "tiny")
-    assert base_version(shipped, "tiny") != base_version(load_config("alfworld", ["env.alfworld.train_games=3000"]), "tiny")
+    other_games = load_config("alfworld", ["env.alfworld.train_games=3000"])  # what shapes the base still counts
+    assert base_version(shipped, "tiny") != base_version(other_games, "tiny")
 
 
 @pytest.mark.parametrize("env, value, message", [
