@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 from typer.testing import CliRunner
 
+from envs.alfworld import AlfworldConfig
+from envs.alfworld.suite import AlfworldSuite
 from milegpo_cli.cli import app
 from milegpo_cli.config import load_config
 from milegpo_cli.errors import ConfigError
@@ -46,6 +49,20 @@ def test_alfworld_pools_and_evaluation_lists_hold_only_the_chosen_types(tmp_path
     # no game of another type was generated
     built = {int(name) for split in ("train", "id") for gen in games.iterdir() for name in os.listdir(gen / split)}
     assert built == {position(t) for t in [*pools[0], *pools[1], *evals]}
+
+
+def test_official_alfworld_games_are_chosen_by_their_recorded_type(alfworld_config, tmp_path):
+    pytest.importorskip("alfworld")
+    root = tmp_path / "json_2.1.1"
+    for t in AlfworldSuite(alfworld_config).tasks("id", 6):  # one game of each type, in the official layout
+        trial = root / "valid_seen" / f"{t.task_type}-{t.payload['pddl_params']['object_target']}" / "trial_T0"
+        trial.mkdir(parents=True)
+        for name in ("game.tw-pddl", "traj_data.json"):
+            shutil.copy(os.path.join(os.path.dirname(t.payload["gamefile"]), name), trial / name)
+    official = AlfworldSuite(AlfworldConfig(official_data=str(root)))
+    (chosen,) = eval_tasks(official, "id", 1, RARE[1:])
+    assert chosen.task_type == RARE[1] and chosen.task_id.startswith(f"alfworld/valid_seen/{RARE[1]}-")
+    assert len(official.task_positions("id", RARE)) == 2
 
 
 def test_webshop_categories_filter_pools_evaluation_and_probe(tmp_path, models_dir):

@@ -53,6 +53,7 @@ class AlfworldSuite(EnvSuite):
             raise EnvError("max_steps: must be >= 1")
         self.config = config or AlfworldConfig()
         self.max_steps = max_steps
+        self._official: dict[str, list[str]] = {}  # official data: split -> its games in their fixed order
 
     @property
     def task_types(self) -> tuple[str, ...]:
@@ -97,13 +98,15 @@ class AlfworldSuite(EnvSuite):
         return tasks
 
     def _official_order(self, split: str) -> list[str]:
-        """The official split's games in their fixed order (the positions of ``tasks``)."""
-        games = official_games(self.config, split)
-        return random.Random(f"alfworld-official|{split}").sample(games, len(games))
+        """The official split's games in their fixed order (the positions of ``tasks``), read once."""
+        if split not in self._official:
+            games = official_games(self.config, split)
+            self._official[split] = random.Random(f"alfworld-official|{split}").sample(games, len(games))
+        return list(self._official[split])
 
     def task_positions(self, split: str, task_types) -> list[int]:
-        """Generated games: game i has type ``task_types[i % 6]`` (generator.task_type_of), so no game
-        is built; official data: read from each game's traj_data.json."""
+        """Generated games: game i has the i-th type of the configured cycle (generator.task_type_of), so
+        no game is built; official data: read from each game's traj_data.json."""
         unknown = sorted(set(task_types) - set(self.config.task_types))
         if unknown:
             raise EnvError(f"task types {unknown}: not in this suite's {list(self.config.task_types)}")
@@ -120,7 +123,7 @@ class AlfworldSuite(EnvSuite):
 
     def split_size(self, split: str) -> int:
         if self.config.official_data is not None:
-            return len(official_games(self.config, check_split(split)))
+            return len(self._official_order(check_split(split)))
         return self.config.pool_size(check_split(split))
 
     def make_vector_env(self, num_envs: int, *, oracle: bool | str = False) -> VectorEnv:

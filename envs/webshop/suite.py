@@ -130,7 +130,8 @@ class WebshopSuite(EnvSuite):
 
     def _order(self, split: str) -> list[int]:
         """The fixed permutation of the split's pool (position p of ``tasks`` -> pool entry)."""
-        return random.Random(f"webshop-pool-{split}").sample(range(len(self.pools()[split])), len(self.pools()[split]))
+        size = len(self.pools()[split])
+        return random.Random(f"webshop-pool-{split}").sample(range(size), size)
 
     def task_positions(self, split: str, task_types) -> list[int]:
         """Positions of the split's instructions whose category is one of ``task_types``."""
