@@ -115,5 +115,10 @@ class EnvSuite(ABC):
     def task_types(self) -> tuple[str, ...]:
         return ()
 
+    def task_positions(self, split: str, task_types: Sequence[str]) -> list[int]:
+        """The positions p (``tasks(split, 1, start=p)``) of the split's tasks whose type is one of
+        ``task_types``, ascending, found without building a task. Default: this suite cannot tell."""
+        raise EnvError(f"{self.name}: tasks cannot be chosen by task type")
+
     def close(self) -> None:  # noqa: B027 - optional
         pass

@@ -47,10 +47,15 @@ class RunConfig:
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:1" ... (accelerate decides under launch)
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     threads: int = 1  # torch threads per process
+    # PPO pools, evaluation lists and probe of these task types only (ALFWorld: env.alfworld.task_types;
+    # WebShop: env.webshop.categories); the base policy is unchanged. () = every type
+    task_types: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _positive(self, "iterations", "threads")
         _check(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+        _check(len(set(self.task_types)) == len(self.task_types), "task_types",
+               f"duplicates in {list(self.task_types)}")
 
 
 @dataclass(frozen=True)
@@ -251,11 +256,16 @@ class Config:
     recipe: str = ""  # where it came from (name or path), filled by load_config
 
     def __post_init__(self) -> None:
-        """The default ALFWorld game cache follows the run directory (nothing written outside it)."""
+        """The default ALFWorld game cache follows the run directory (nothing written outside it);
+        ``run.task_types`` are the environment's."""
         alf = self.env.alfworld
         if alf.data_dir == AlfworldConfig.data_dir and self.store.root != StoreConfig.root:
             alf = dataclasses.replace(alf, data_dir=str(Path(self.store.root) / "alfworld"))
             object.__setattr__(self, "env", dataclasses.replace(self.env, alfworld=alf))
+        allowed = self.env.alfworld.task_types if self.env.name == "alfworld" else self.env.webshop.categories
+        unknown = [t for t in self.run.task_types if t not in allowed]
+        if unknown:
+            raise ConfigError(f"run.task_types: unknown {unknown}; allowed for {self.env.name}: {', '.join(allowed)}")
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config as JSON/TOML-compatible values (tuples become lists)."""
@@ -339,7 +349,7 @@ def build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
         head = msg.split(":", 1)[0].strip()
         section = prefix.rstrip(".") or "config"
-        raise ConfigError(f"{prefix}{msg}" if head in names else f"{section}: {msg}") from None
+        raise ConfigError(f"{prefix}{msg}" if head.split(".")[0] in names else f"{section}: {msg}") from None
 
 
 # --- recipes and overrides --------------------------------------------------------------------

@@ -246,10 +246,15 @@ def _rng(config: AlfworldConfig, split: str, index: int, attempt: int) -> random
     return random.Random(int.from_bytes(digest.digest()[:8], "big"))
 
 
+def task_type_of(config: AlfworldConfig, index: int) -> str:
+    """The task type of game ``index`` of every split: the configured types in turn."""
+    return config.task_types[index % len(config.task_types)]
+
+
 def build_game(config: AlfworldConfig, split: str, index: int, attempt: int) -> tuple[dict, dict] | None:
     """(game.tw-pddl data, traj_data) of one candidate, or None when the draw has no valid goal."""
     rng = _rng(config, split, index, attempt)
-    task_type = config.task_types[index % len(config.task_types)]
+    task_type = task_type_of(config, index)
     plans = [fp for fp in floorplans(config, split) if room_type(fp) in C.GOALS_VALID[task_type]]
     if not plans:
         raise GenerationError(f"{split}: no floor plan of a room type valid for {task_type}")

@@ -53,6 +53,7 @@ class AlfworldSuite(EnvSuite):
             raise EnvError("max_steps: must be >= 1")
         self.config = config or AlfworldConfig()
         self.max_steps = max_steps
+        self._official: dict[str, list[str]] = {}  # official data: split -> its games in their fixed order
 
     @property
     def task_types(self) -> tuple[str, ...]:
@@ -69,12 +70,12 @@ class AlfworldSuite(EnvSuite):
             raise EnvError(f"n: must be >= 1 and start >= 0, got n={n}, start={start}")
         rng = random.Random(f"alfworld-tasks|{split}|{seed}")
         if self.config.official_data is not None:
-            games = official_games(self.config, split)
+            games = self._official_order(split)
             if n > len(games):
                 raise EnvError(f"{split}: asked for {n} games, the official split has {len(games)}")
             if start + n > len(games):
                 raise EnvError(f"{split}: asked for games {start}..{start + n - 1}, the official split has {len(games)}")
-            games = random.Random(f"alfworld-official|{split}").sample(games, len(games))[start:start + n]
+            games = games[start:start + n]
             rng.shuffle(games)
             root = self.config.official_path
             ids = [os.path.relpath(os.path.dirname(g), root) for g in games]
@@ -96,9 +97,33 @@ class AlfworldSuite(EnvSuite):
                                        "pddl_params": traj["pddl_params"]}))
         return tasks
 
+    def _official_order(self, split: str) -> list[str]:
+        """The official split's games in their fixed order (the positions of ``tasks``), read once."""
+        if split not in self._official:
+            games = official_games(self.config, split)
+            self._official[split] = random.Random(f"alfworld-official|{split}").sample(games, len(games))
+        return list(self._official[split])
+
+    def task_positions(self, split: str, task_types) -> list[int]:
+        """Generated games: game i has the i-th type of the configured cycle (generator.task_type_of), so
+        no game is built; official data: read from each game's traj_data.json."""
+        unknown = sorted(set(task_types) - set(self.config.task_types))
+        if unknown:
+            raise EnvError(f"task types {unknown}: not in this suite's {list(self.config.task_types)}")
+        if split in OFFICIAL_SPLITS.values() and self.config.official_data is not None:
+            split = {v: k for k, v in OFFICIAL_SPLITS.items()}[split]
+        check_split(split)
+        if self.config.official_data is None:
+            return [i for i in range(self.split_size(split)) if generator.task_type_of(self.config, i) in task_types]
+        types = []
+        for game in self._official_order(split):
+            with open(os.path.join(os.path.dirname(game), "traj_data.json")) as f:
+                types.append(json.load(f)["task_type"])
+        return [i for i, t in enumerate(types) if t in task_types]
+
     def split_size(self, split: str) -> int:
         if self.config.official_data is not None:
-            return len(official_games(self.config, check_split(split)))
+            return len(self._official_order(check_split(split)))
         return self.config.pool_size(check_split(split))
 
     def make_vector_env(self, num_envs: int, *, oracle: bool | str = False) -> VectorEnv:

@@ -124,9 +124,24 @@ class WebshopSuite(EnvSuite):
         pool = self.pools()[split]
         if not (0 <= n and 0 <= start and start + n <= len(pool)):
             raise EnvError(f"n: tasks {start}..{start + n - 1} asked from split {split!r}, which has {len(pool)}")
-        order = random.Random(f"webshop-pool-{split}").sample(range(len(pool)), len(pool))[start:start + n]
+        order = self._order(split)[start:start + n]
         random.Random(f"webshop-tasks-{split}-{seed}").shuffle(order)
         return [pool[i] for i in order]
+
+    def _order(self, split: str) -> list[int]:
+        """The fixed permutation of the split's pool (position p of ``tasks`` -> pool entry)."""
+        size = len(self.pools()[split])
+        return random.Random(f"webshop-pool-{split}").sample(range(size), size)
+
+    def task_positions(self, split: str, task_types) -> list[int]:
+        """Positions of the split's instructions whose category is one of ``task_types``."""
+        if split not in SPLITS:
+            raise EnvError(f"split: unknown {split!r}; allowed {list(SPLITS)}")
+        unknown = sorted(set(task_types) - set(self.config.categories))
+        if unknown:
+            raise EnvError(f"task types {unknown}: not in this suite's categories {list(self.config.categories)}")
+        pool = self.pools()[split]
+        return [p for p, i in enumerate(self._order(split)) if pool[i].task_type in task_types]
 
     def split_size(self, split: str) -> int:
         if split not in SPLITS:

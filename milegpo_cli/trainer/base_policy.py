@@ -31,10 +31,16 @@ MARKER = "base.json"
 _ENV_RUNTIME_KEYS = ("workers", "step_timeout_s", "data_dir", "cache", "cache_size", "oracle_share", "workers_backend",
                      "ray_resource", "ray_worker_cpus")
 
+# sizes of the evaluation pools: the base plays train games only and game i of a split does not depend
+# on them, so they are hashed at their defaults (a recipe with a larger id / ood pool keeps its base)
+_EVAL_POOL_KEYS = ("id_games", "ood_games")
+
 
 def _env_fingerprint(config) -> dict:
     """The environment settings that shape games and observations (not how they are computed)."""
-    sub = dataclasses.asdict(getattr(config.env, config.env.name))
+    env = getattr(config.env, config.env.name)
+    defaults = {f.name: f.default for f in dataclasses.fields(env) if f.name in _EVAL_POOL_KEYS}
+    sub = {**dataclasses.asdict(env), **defaults}
     return {"name": config.env.name, "max_steps": config.env.max_steps,
             config.env.name: {k: v for k, v in sub.items() if k not in _ENV_RUNTIME_KEYS},
             **({"base_version": ENV_BASE_VERSION[config.env.name]} if config.env.name in ENV_BASE_VERSION else {})}

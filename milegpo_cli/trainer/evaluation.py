@@ -3,7 +3,9 @@
 - **Evaluation**: one episode per task of a fixed, stored task list per split
   (``suite.tasks(split, eval.episodes, seed=EVAL_TASK_SEED)``, the same for every run and seed;
   ALFWorld's generator cycles the six task types, so a multiple of 6 tasks is stratified exactly),
-  played in a forked RNG so that the training RNG is untouched. Success is a binomial proportion:
+  played in a forked RNG so that the training RNG is untouched. With ``run.task_types``, the list is
+  the split's first ``eval.episodes`` tasks of those types (``suite.task_positions``), alternating
+  between ALFWorld's types. Success is a binomial proportion:
   every printed rate comes with its Wilson 95 % interval (milegpo_cli/intervals.py).
 - **Probe**: the mean log-probability and accuracy of the expert's action on a fixed set of held-out
   expert states (the expert's walkthroughs of the evaluation tasks of each split, without steps that
@@ -21,8 +23,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from milegpo_cli.errors import ConfigError
 from milegpo_cli.intervals import wilson_interval
 from milegpo_cli.trainer.rollout import Episode, RolloutStats, expert_walkthroughs, reward_penalty, run_episodes
+from milegpo_cli.trainer.task_pools import tasks_at
 from milegpo_cli.trainer.threads import torch_threads
 
 EVAL_TASK_SEED = 0  # the fixed evaluation task lists do not depend on the run seed
@@ -63,14 +67,21 @@ def episode_metrics(episodes) -> dict[str, float]:
     }
 
 
-def eval_tasks(suite, split: str, episodes: int) -> list:
-    """The fixed, stored task list of a split (independent of the run seed)."""
-    return suite.tasks(split, episodes, seed=EVAL_TASK_SEED)
+def eval_tasks(suite, split: str, episodes: int, task_types: tuple[str, ...] = ()) -> list:
+    """The fixed, stored task list of a split (independent of the run seed), of ``task_types`` only
+    when given (run.task_types)."""
+    if not task_types:
+        return suite.tasks(split, episodes, seed=EVAL_TASK_SEED)
+    positions = suite.task_positions(split, task_types)
+    if len(positions) < episodes:
+        raise ConfigError(f"eval.episodes: {episodes} tasks asked, split {split} holds {len(positions)} "
+                          f"of run.task_types (its pool: {suite.split_size(split)} tasks)")
+    return tasks_at(suite, split, positions[:episodes], EVAL_TASK_SEED)
 
 
 def run_evaluation(config, policy, venv, suite, split: str, episodes: int, seed: int) -> tuple[dict[str, float], list[Episode]]:
-    """One episode per fixed task of ``split``, in a forked RNG seeded from ``seed``."""
-    tasks = eval_tasks(suite, split, episodes)
+    """One episode per fixed task of ``split`` (of ``run.task_types``), in a forked RNG seeded from ``seed``."""
+    tasks = eval_tasks(suite, split, episodes, config.run.task_types)
     played: list[Episode] = []
     stats = RolloutStats()
     with torch.random.fork_rng(devices=[]), torch_threads(config.rollout.threads):
@@ -93,7 +104,8 @@ class Probe:
     steps: dict[str, list] = field(default_factory=dict)  # split -> trainer.warmstart.ExpertStep
 
     @classmethod
-    def collect(cls, suite, splits, eval_episodes: int, max_states: int, num_envs: int) -> "Probe":
+    def collect(cls, suite, splits, eval_episodes: int, max_states: int, num_envs: int,
+                task_types: tuple[str, ...] = ()) -> "Probe":
         """The expert's walkthroughs of the first evaluation tasks of each split, ``num_envs`` tasks at
         a time until ``max_states`` steps are collected (then cut to exactly that many). Steps whose
         command is one of the suite's no-op commands are left out: a policy that learns to skip
@@ -104,7 +116,7 @@ class Probe:
         venv = suite.make_vector_env(num_envs, oracle=True)
         try:
             for split in splits:
-                tasks, steps = eval_tasks(suite, split, eval_episodes), []
+                tasks, steps = eval_tasks(suite, split, eval_episodes, task_types), []
                 for start in range(0, len(tasks), num_envs):
                     steps += [s for s in expert_walkthroughs(venv, tasks[start:start + num_envs], suite.max_steps)[0]
                               if s.action not in suite.no_op_commands]

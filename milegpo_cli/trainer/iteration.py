@@ -44,8 +44,8 @@ def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def train_pool(config: Config, suite) -> list:
-    """The run seed's PPO task pool of ``rollout.train_tasks`` tasks (trainer/task_pools.py)."""
-    return ppo_pool(suite, config.rollout.train_tasks, config.run.seed)
+    """The run seed's PPO task pool of ``rollout.train_tasks`` tasks of ``run.task_types`` (trainer/task_pools.py)."""
+    return ppo_pool(suite, config.rollout.train_tasks, config.run.seed, config.run.task_types)
 
 
 def sample_tasks(pool: Sequence, groups: int, seed: int, iteration: int) -> list:

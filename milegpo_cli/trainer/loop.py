@@ -170,7 +170,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
         seed_everything(derive_seed(config.run.seed, "init"))
         pool = train_pool(config, suite)
         probe = Probe.collect(suite, config.eval.splits, config.eval.episodes, config.eval.probe_states,
-                              eval_venv.num_envs)
+                              eval_venv.num_envs, config.run.task_types)
         evaluate = Evaluator(config, suite, eval_venv, probe, store, tracker, run_id, console)
         start = 0
         if ckpt is None:
