@@ -73,7 +73,7 @@ class CreditConfig:
     similarity_thresh: float = 1.0  # anchor groups: 1 = exact key match; < 1 = verl-agent's greedy
     # SequenceMatcher clustering (enable_similarity) at this ratio
     anchor_visits: bool = True  # anchor group = (state, k-th visit in the rollout); False = the state alone (verl-agent,
-    # the preset; higher ROC-AUC on the recordings, +2.1 [-0.5, +4.4] area in training, 5 seeds: docs/algorithms.md)
+    # the preset; why the default stays: docs/algorithms.md, "Decision, per estimator")
     zero_identical: bool = True  # a group of identical rollouts (or of one) gets advantage 0 on every step
     preset: str = ""  # "verl-agent": fix the fields of VERL_AGENT (the recipe keeps choosing the norm)
     success_threshold: float = 1.0  # success = outcome >= threshold when a rollout does not say
@@ -86,8 +86,8 @@ class CreditConfig:
     lambda_m: float = 0.5
     lambda_t: float = 1.0
     lambda_p: float = 2.0  # chosen from the credit diagnostics (docs/algorithms.md "Choosing the defaults")
-    g_p: float = 0.5  # credit factor of a candidate that fails the progress gate (v2 as measured: 0)
-    g_b: float = 0.5  # credit factor of a candidate that fails the same-state branch test (v2 as measured: 0)
+    g_p: float = 0.5  # credit factor of a candidate that fails the progress gate (v2: 0, docs/algorithms.md)
+    g_b: float = 0.5  # credit factor of a candidate that fails the same-state branch test (v2: 0, docs/algorithms.md)
     # GraphGPO (docs/algorithms.md, "GraphGPO"): step return c * gamma_G ** d
     graph_c: float = 10.0
     graph_gamma: float = 0.2

@@ -86,7 +86,7 @@ def _strata(runs: Sequence[RunData], split: str, metric: str, types: Sequence[st
 def _fmt(est: stats.Estimate | None, scale: float) -> str:
     if est is None:
         return "-"
-    return f"{est.value * scale:.1f} [{est.low * scale:.1f}, {est.high * scale:.1f}]"
+    return stats.format_interval(est.value, est.low, est.high, 1, scale)
 
 
 def _fmt_summary(s: stats.Summary | None, scale: float = 100.0, spread: bool = True) -> str:
@@ -116,7 +116,7 @@ def _gap(id_s: dict[str, dict[int, float]], ood_s: dict[str, dict[int, float]], 
     return stats.gap([p[0] for p in pairs], [p[1] for p in pairs], seed=seed)
 
 
-def _poi(x: dict[str, dict[int, float]], y: dict[str, dict[int, float]], seed: int) -> stats.Estimate | None:
+def _improvement_probability(x: dict[str, dict[int, float]], y: dict[str, dict[int, float]], seed: int) -> stats.Estimate | None:
     common = [t for t in sorted(set(x) & set(y)) if x[t] and y[t]]
     if not common:
         return None
@@ -142,7 +142,7 @@ def _versus(x: dict[int, float], y: dict[int, float], seed: int) -> dict:
 
 
 def _fmt_dict(e: dict | None, scale: float = 100.0, digits: int = 1) -> str:
-    return "-" if e is None else f"{e['value'] * scale:.{digits}f} [{e['low'] * scale:.{digits}f}, {e['high'] * scale:.{digits}f}]"
+    return "-" if e is None else stats.format_interval(e["value"], e["low"], e["high"], digits, scale)
 
 
 def _versus_cells(vs: dict | None) -> list[str]:
@@ -317,11 +317,11 @@ def report_from_runs(
         row = [m]
         if baseline:
             for met in metrics:
-                p = None if m == baseline else _poi(strata[m]["ood", met], strata[baseline]["ood", met], seed)
-                pi = None if m == baseline else _poi(strata[m]["id", met], strata[baseline]["id", met], seed)
+                p = None if m == baseline else _improvement_probability(strata[m]["ood", met], strata[baseline]["ood", met], seed)
+                pi = None if m == baseline else _improvement_probability(strata[m]["id", met], strata[baseline]["id", met], seed)
                 d["metrics"][met]["poi_ood"] = p and p.to_dict()
                 d["metrics"][met]["poi_id"] = pi and pi.to_dict()
-                row.append("-" if p is None else f"{p.value:.2f} [{p.low:.2f}, {p.high:.2f}]")
+                row.append("-" if p is None else stats.format_interval(p.value, p.low, p.high))
         s_ood = _summary(strata[m]["ood", metrics[0]], seed)  # over (seed, task type) cells
         row += [_fmt(s_ood.iqm if s_ood else None, 100.0), f"{sum(r.steps for r in rs) / len(rs):.0f}",
                 f"{sum(r.wall_s for r in rs) / len(rs):.0f}"]
