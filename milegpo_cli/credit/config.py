@@ -1,20 +1,18 @@
 """Credit hyperparameters: the ``[credit]`` recipe section (docs/algorithms.md)."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
+from typing import Literal
+
+from milegpo_cli.typed import check_fields
 
 DROPPABLE = ("reliability", "progress", "same-state", "branch", "traps", "milestones")
 COMPONENTS = tuple(n for n in DROPPABLE if n != "branch")  # MileGPO's components ("branch": alias of same-state)
 NORMS = ("mean_std", "mean")
 EPISODE_STATS = ("rollouts", "steps")
 EPISODE_SCORES = ("outcome", "success")
-FORMULATIONS = ("v3", "v2", "paper")  # "ours" is accepted as the old name of "v2"
-
-
-def canonical_formulation(name: str) -> str:
-    """A formulation's current name ("ours", the old name of "v2", read as "v2")."""
-    return "v2" if name == "ours" else name
+FORMULATIONS = ("v3", "v2", "paper")
+OLD_FORMULATIONS = {"ours": "v2"}  # accepted, read as their current name
 PRESETS = ("", "verl-agent")
 GRAPH_FINALS = ("fail", "observed")
 GRAPH_UNREACHABLES = ("zero", "farthest")
@@ -32,6 +30,11 @@ VERL_AGENT = {"episode_stats": "steps", "anchor_visits": False, "zero_identical"
 RECIPE_SETTINGS = {("graphgpo", "alfworld"): {"graph_gamma": 0.1, "episode_norm": "mean_std"},
                    ("graphgpo", "webshop"): {"graph_gamma": 0.2, "episode_norm": "mean_std"},
                    ("hgpo", "alfworld"): {"episode_norm": "mean_std"}, ("hgpo", "webshop"): {"episode_norm": "mean"}}
+
+
+def canonical_formulation(name: str) -> str:
+    """A formulation's current name ("ours", the old name of "v2", read as "v2")."""
+    return OLD_FORMULATIONS.get(name, name)
 
 
 def check_preset(given: dict) -> None:
@@ -61,13 +64,13 @@ class CreditConfig:
     """Every credit hyperparameter with its default. ``paper_*`` fields belong to ``formulation="paper"``."""
 
     # episode / step normalisation (GRPO, GiGPO; docs/algorithms.md, "GRPO and GiGPO")
-    episode_norm: str = "mean_std"  # "mean_std" | "mean"
-    step_norm: str = "mean_std"  # anchor-group normalisation of step returns
-    episode_stats: str = "rollouts"  # "rollouts" (default) | "steps" (verl-agent: one entry per step row)
+    episode_norm: Literal[NORMS] = "mean_std"
+    step_norm: Literal[NORMS] = "mean_std"  # anchor-group normalisation of step returns
+    episode_stats: Literal[EPISODE_STATS] = "rollouts"  # "rollouts" (default) | "steps" (verl-agent: one entry per step row)
     std_unbiased: bool = True  # torch.std default, as in verl-agent
     eps: float = 1e-6
     episode_scale: float = 1.0  # multiplies R_i before normalisation (verl-agent mean_norm uses 10 x success)
-    episode_score: str = "outcome"  # R_i = the outcome, or "success": the success indicator (verl-agent)
+    episode_score: Literal[EPISODE_SCORES] = "outcome"  # R_i = the outcome, or "success": the success indicator (verl-agent)
     invalid_penalty: float = 0.0  # taken off the episode score and the discounted return of a step row
     # flagged invalid (Rollout.invalid); 0 when the rewards already carry the penalty (our trainer)
     similarity_thresh: float = 1.0  # anchor groups: 1 = exact key match; < 1 = verl-agent's greedy
@@ -75,12 +78,12 @@ class CreditConfig:
     anchor_visits: bool = True  # anchor group = (state, k-th visit in the rollout); False = the state alone (verl-agent,
     # the preset; why the default stays: docs/algorithms.md, "Decision, per estimator")
     zero_identical: bool = True  # a group of identical rollouts (or of one) gets advantage 0 on every step
-    preset: str = ""  # "verl-agent": fix the fields of VERL_AGENT (the recipe keeps choosing the norm)
+    preset: Literal[PRESETS] = ""  # "verl-agent": fix the fields of VERL_AGENT (the recipe keeps choosing the norm)
     success_threshold: float = 1.0  # success = outcome >= threshold when a rollout does not say
     gamma: float = 0.95
     omega: float = 1.0  # step advantage weight
     # MileGPO, v3 and v2 (docs/algorithms.md): shared hyperparameters
-    formulation: str = "v3"  # "v3" | "v2" (alias "ours") | "paper"
+    formulation: Literal[FORMULATIONS + tuple(OLD_FORMULATIONS)] = "v3"
     m_min: int = 2
     prior_strength: float = 2.0  # k of the empirical-Bayes Beta prior
     lambda_m: float = 0.5
@@ -91,9 +94,9 @@ class CreditConfig:
     # GraphGPO (docs/algorithms.md, "GraphGPO"): step return c * gamma_G ** d
     graph_c: float = 10.0
     graph_gamma: float = 0.2
-    graph_final: str = "fail"  # last step of a failed rollout: -> FAIL, or "observed": -> its recorded final_state
+    graph_final: Literal[GRAPH_FINALS] = "fail"  # last step of a failed rollout: -> FAIL, or "observed": -> its recorded final_state
     # (FAIL where the rollout has none; recipe/GraphGPO, the preset; docs/algorithms.md says why "fail" stays)
-    graph_unreachable: str = "zero"  # r^G where SUCCESS is unreachable: 0, or "farthest": d = max finite d + 1
+    graph_unreachable: Literal[GRAPH_UNREACHABLES] = "zero"  # r^G where SUCCESS is unreachable: 0, or "farthest": d = max finite d + 1
     graph_invalid: bool = False  # take invalid_penalty off r^G of a flagged row too (recipe/GraphGPO)
     # HGPO (docs/algorithms.md, "HGPO"): hierarchy of history groups, recipe/hgpo/core_hgpo.py
     hgpo_history: int = 2  # history_length: groups keyed by the last k states, k = 1 .. hgpo_history + 1
@@ -121,31 +124,19 @@ class CreditConfig:
     drop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "formulation", canonical_formulation(self.formulation))
-        if self.preset not in PRESETS:
-            raise ValueError(f"preset: must be one of {', '.join(repr(p) for p in PRESETS)}, got {self.preset!r}")
+        """Types and choices by the config's typed validator (typed.py, from the annotations), then ranges."""
         if self.preset == "verl-agent":
             for name, value in VERL_AGENT.items():
                 object.__setattr__(self, name, value)
             object.__setattr__(self, "step_norm", self.episode_norm)  # verl-agent: one `mode` for both
-        for name, allowed in (("episode_norm", NORMS), ("step_norm", NORMS), ("episode_score", EPISODE_SCORES),
-                              ("episode_stats", EPISODE_STATS), ("formulation", FORMULATIONS),
-                              ("graph_final", GRAPH_FINALS), ("graph_unreachable", GRAPH_UNREACHABLES)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}: must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        check_fields(self)
+        object.__setattr__(self, "formulation", canonical_formulation(self.formulation))
         for f in fields(self):
-            v = getattr(self, f.name)
-            if f.type in ("float", float):
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                    raise ValueError(f"{f.name}: must be a finite number, got {v!r}")
-                if abs(v) > MAX_MAGNITUDE:
-                    raise ValueError(f"{f.name}: must be at most {MAX_MAGNITUDE:g} in magnitude, got {v!r}")
-        for name in ("std_unbiased", "anchor_visits", "zero_identical", "graph_invalid", "hgpo_base_group"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: must be a boolean, got {getattr(self, name)!r}")
-        if isinstance(self.m_min, bool) or not isinstance(self.m_min, int) or self.m_min < 1:
+            if f.type in ("float", float) and abs(getattr(self, f.name)) > MAX_MAGNITUDE:
+                raise ValueError(f"{f.name}: must be at most {MAX_MAGNITUDE:g} in magnitude, got {getattr(self, f.name)!r}")
+        if self.m_min < 1:
             raise ValueError(f"m_min: must be an integer >= 1, got {self.m_min!r}")
-        if isinstance(self.hgpo_history, bool) or not isinstance(self.hgpo_history, int) or self.hgpo_history < 0:
+        if self.hgpo_history < 0:
             raise ValueError(f"hgpo_history: must be an integer >= 0, got {self.hgpo_history!r}")
         if self.eps <= 0:
             raise ValueError(f"eps: must be > 0, got {self.eps}")
@@ -166,13 +157,7 @@ class CreditConfig:
         for name in ("g_p", "g_b"):
             if getattr(self, name) > 1:
                 raise ValueError(f"{name}: must be in [0, 1], got {getattr(self, name)}")
-        if isinstance(self.drop, str) or not all(isinstance(d, str) for d in self.drop):
-            raise ValueError(f"drop: must be a list of names from {', '.join(DROPPABLE)}, got {self.drop!r}")
-        try:
-            canonical_drop(self.drop)
-        except ValueError as e:
-            raise ValueError(str(e)) from None
-        object.__setattr__(self, "drop", tuple(self.drop))
+        canonical_drop(self.drop)
 
     @classmethod
     def from_dict(cls, values: dict) -> "CreditConfig":
