@@ -18,7 +18,7 @@ from typing import Any, Literal, Mapping
 from envs.alfworld.config import AlfworldConfig
 from envs.webshop.config import WebshopConfig
 from milegpo_cli.credit import ALGORITHMS
-from milegpo_cli.credit.config import CreditConfig, check_preset
+from milegpo_cli.credit.config import CreditConfig, check_preset, nest_paper_keys
 from milegpo_cli.errors import ConfigError
 from milegpo_cli.typed import build
 
@@ -261,6 +261,9 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Config:
+        """From a recipe or a stored config (flat ``credit.paper_*`` keys of earlier versions accepted)."""
+        if isinstance(data.get("credit"), Mapping):
+            data = {**data, "credit": nest_paper_keys(dict(data["credit"]))}
         return build(cls, data)
 
 
@@ -327,7 +330,14 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def credit_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """``milegpo credit --set [credit.]key=value`` -> validated {key: value} of the [credit] section."""
-    values = {k.removeprefix("credit."): v for k, v in map(parse_override, overrides)}
+    values: dict[str, Any] = {}
+    for key, value in map(parse_override, overrides):
+        *tables, name = key.removeprefix("credit.").split(".")
+        node = values
+        for table in tables:
+            node = node.setdefault(table, {})
+        node[name] = value
+    values = nest_paper_keys(values)
     _check_preset(values, "credit.")
     build(CreditConfig, values, "credit.")
     return values

@@ -37,6 +37,8 @@ def coerce(hint: Any, value: Any, key: str) -> Any:
         item = args[0]
         return tuple(coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value))
     if dataclasses.is_dataclass(hint):
+        if isinstance(value, hint):  # already built (and checked)
+            return value
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a table, got {value!r}")
         return build(hint, value, f"{key}.")

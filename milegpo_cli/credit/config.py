@@ -1,7 +1,7 @@
 """Credit hyperparameters: the ``[credit]`` recipe section (docs/algorithms.md)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from milegpo_cli.typed import check_fields
@@ -60,8 +60,61 @@ def canonical_drop(drop) -> frozenset[str]:
 
 
 @dataclass(frozen=True)
+class PaperConfig:
+    """MileGPO, the paper's construction (``formulation = "paper"``, the ``[credit.paper]`` section;
+    docs/algorithms.md); weights the summary does not report are 1."""
+
+    eta: float = 0.2  # ALFWorld 0.2, WebShop 1.0
+    omega: float = 0.2  # potential decay with distance
+    gamma_phi: float = 1.0
+    lambda_: float = 0.25  # the paper's lambda
+    w_plus: float = 1.0
+    w_minus: float = 0.25
+    w_s: float = 1.0
+    w_m: float = 1.0
+    w_c: float = 1.0
+    w_f: float = 1.0
+    w_l: float = 1.0
+    alpha_d: float = 1.0
+    alpha_s: float = 1.0
+    alpha_f: float = 1.0
+    w_bc: float = 1.0
+    w_pg: float = 1.0
+    w_pcc: float = 1.0
+    reject: float = 0.0  # scale of candidates that PCC rejects (0 on ALFWorld)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        _check_magnitudes(self)
+        if not 0.0 < self.omega <= 1.0:
+            raise ValueError(f"omega: must be in (0, 1], got {self.omega}")
+        for name in ("eta", "gamma_phi", "lambda_", "w_plus", "w_minus", "w_pcc", "reject"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+
+
+def nest_paper_keys(credit: dict) -> dict:
+    """A ``[credit]`` mapping with the flat ``paper_<name>`` keys of earlier versions (stored runs,
+    older recipes) moved into its ``paper`` table (``paper_lambda`` -> ``paper.lambda_``)."""
+    flat = {k: v for k, v in credit.items() if k.startswith("paper_")}
+    if not flat:
+        return credit
+    paper = dict(credit.get("paper") or {})
+    for key, value in flat.items():
+        name = key.removeprefix("paper_")
+        paper["lambda_" if name == "lambda" else name] = value  # given last (a grid's, an override's): it wins
+    return {**{k: v for k, v in credit.items() if k not in flat}, "paper": paper}
+
+
+def _check_magnitudes(config) -> None:
+    for f in fields(config):
+        if f.type in ("float", float) and abs(getattr(config, f.name)) > MAX_MAGNITUDE:
+            raise ValueError(f"{f.name}: must be at most {MAX_MAGNITUDE:g} in magnitude, got {getattr(config, f.name)!r}")
+
+
+@dataclass(frozen=True)
 class CreditConfig:
-    """Every credit hyperparameter with its default. ``paper_*`` fields belong to ``formulation="paper"``."""
+    """Every credit hyperparameter with its default; ``paper``: those of ``formulation="paper"``."""
 
     # episode / step normalisation (GRPO, GiGPO; docs/algorithms.md, "GRPO and GiGPO")
     episode_norm: Literal[NORMS] = "mean_std"
@@ -102,25 +155,7 @@ class CreditConfig:
     hgpo_history: int = 2  # history_length: groups keyed by the last k states, k = 1 .. hgpo_history + 1
     hgpo_alpha: float = 1.0  # length_weight_alpha: group weight (k + 1) ** alpha
     hgpo_base_group: bool = False  # base_group: add the episode advantage as a k = 0 group
-    # MileGPO, the paper's construction (docs/algorithms.md); weights the summary does not report are 1
-    paper_eta: float = 0.2  # ALFWorld 0.2, WebShop 1.0
-    paper_omega: float = 0.2  # potential decay with distance
-    paper_gamma_phi: float = 1.0
-    paper_lambda: float = 0.25
-    paper_w_plus: float = 1.0
-    paper_w_minus: float = 0.25
-    paper_w_s: float = 1.0
-    paper_w_m: float = 1.0
-    paper_w_c: float = 1.0
-    paper_w_f: float = 1.0
-    paper_w_l: float = 1.0
-    paper_alpha_d: float = 1.0
-    paper_alpha_s: float = 1.0
-    paper_alpha_f: float = 1.0
-    paper_w_bc: float = 1.0
-    paper_w_pg: float = 1.0
-    paper_w_pcc: float = 1.0
-    paper_reject: float = 0.0  # scale of candidates that PCC rejects (0 on ALFWorld)
+    paper: PaperConfig = field(default_factory=PaperConfig)  # [credit.paper]: formulation = "paper"
     drop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -131,9 +166,7 @@ class CreditConfig:
             object.__setattr__(self, "step_norm", self.episode_norm)  # verl-agent: one `mode` for both
         check_fields(self)
         object.__setattr__(self, "formulation", canonical_formulation(self.formulation))
-        for f in fields(self):
-            if f.type in ("float", float) and abs(getattr(self, f.name)) > MAX_MAGNITUDE:
-                raise ValueError(f"{f.name}: must be at most {MAX_MAGNITUDE:g} in magnitude, got {getattr(self, f.name)!r}")
+        _check_magnitudes(self)
         if self.m_min < 1:
             raise ValueError(f"m_min: must be an integer >= 1, got {self.m_min!r}")
         if self.hgpo_history < 0:
@@ -144,14 +177,10 @@ class CreditConfig:
             raise ValueError(f"prior_strength: must be > 0, got {self.prior_strength}")
         if not 0.0 < self.similarity_thresh <= 1.0:
             raise ValueError(f"similarity_thresh: must be in (0, 1], got {self.similarity_thresh}")
-        for name in ("gamma", "graph_gamma", "paper_omega"):
+        for name in ("gamma", "graph_gamma"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name}: must be in [0, 1], got {getattr(self, name)}")
-        if self.paper_omega <= 0:
-            raise ValueError(f"paper_omega: must be > 0, got {self.paper_omega}")
-        for name in ("omega", "invalid_penalty", "hgpo_alpha", "lambda_m", "lambda_t", "lambda_p", "g_p", "g_b", "graph_c", "paper_eta",
-                     "paper_gamma_phi", "paper_lambda", "paper_w_plus", "paper_w_minus", "paper_w_pcc",
-                     "paper_reject"):
+        for name in ("omega", "invalid_penalty", "hgpo_alpha", "lambda_m", "lambda_t", "lambda_p", "g_p", "g_b", "graph_c"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         for name in ("g_p", "g_b"):
@@ -162,6 +191,7 @@ class CreditConfig:
     @classmethod
     def from_dict(cls, values: dict) -> "CreditConfig":
         """Build from a recipe / override mapping; unknown keys are an error naming the allowed ones."""
+        values = nest_paper_keys(values)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
