@@ -144,10 +144,8 @@ def _json_format(fmt: str, as_json: bool) -> str:
 def _refuse_stored_options(ctx: typer.Context, run_id: int, config: Config, iterations: int | None) -> None:
     """``train --resume`` continues with the run's stored config: an option that it fixes is refused in
     one line, never ignored (--iterations: unless it equals the stored count)."""
-    from click.core import ParameterSource
-
     given = [p for p in ctx.command.params if p.name in ("recipe", "sets", "algo", "seed", "model", "drop")
-             and ctx.get_parameter_source(p.name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
+             and getattr(ctx.get_parameter_source(p.name), "name", None) in ("COMMANDLINE", "ENVIRONMENT")]
     if given:
         raise _fail(f"--resume: {given[0].opts[0]} cannot be given: run {run_id} continues with its stored config "
                     "(only --db, --mlflow-uri and --runs-dir may change)", 2)

@@ -9,11 +9,8 @@ names the dotted key.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -21,8 +18,9 @@ from typing import Any, Literal, Mapping
 from envs.alfworld.config import AlfworldConfig
 from envs.webshop.config import WebshopConfig
 from milegpo_cli.credit import ALGORITHMS
-from milegpo_cli.credit.config import CreditConfig, check_preset
+from milegpo_cli.credit.config import CreditConfig, check_preset, nest_paper_keys
 from milegpo_cli.errors import ConfigError
+from milegpo_cli.typed import build
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 SPLITS = ("train", "id", "ood")  # the task splits of every environment (envs/*/suite.py)
@@ -273,6 +271,9 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Config:
+        """From a recipe or a stored config (flat ``credit.paper_*`` keys of earlier versions accepted)."""
+        if isinstance(data.get("credit"), Mapping):
+            data = {**data, "credit": nest_paper_keys(dict(data["credit"]))}
         return build(cls, data)
 
 
@@ -282,74 +283,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
-
-
-# --- generic validation from type hints -------------------------------------------------------
-
-def _coerce(hint: Any, value: Any, key: str) -> Any:
-    """Check ``value`` against the type hint ``hint``; returns it converted (int -> float, list -> tuple)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is typing.Union or origin is types.UnionType:
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) != 1:
-            raise TypeError(f"{key}: unsupported type {hint}")
-        return _coerce(inner[0], value, key)
-    if origin is Literal:
-        if value not in args:
-            allowed = ", ".join(repr(a) for a in args)
-            raise ConfigError(f"{key}: expected one of {allowed}, got {value!r}")
-        return value
-    if origin is tuple:
-        if isinstance(value, str):  # `--set eval.splits=id` is the one-element list
-            value = [value]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        item = args[0]
-        return tuple(_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value))
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: expected a table, got {value!r}")
-        return build(hint, value, f"{key}.")
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected bool (true/false), got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected int, got {value!r}")
-        if not -2**63 <= value < 2**63:  # what a store's 64-bit INTEGER column (and torch's seed) holds
-            raise ConfigError(f"{key}: out of range (a 64-bit integer, |value| < 2^63), got {value}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected float, got {value!r}")
-        if not math.isfinite(value):
-            raise ConfigError(f"{key}: expected a finite float, got {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected str, got {value!r}")
-        return value
-    raise TypeError(f"{key}: unsupported type {hint!r}")
-
-
-def build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
-    """Instantiate dataclass ``cls`` from ``data``; keys of nested dataclasses are dotted in errors."""
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
-    for key in data:
-        if key not in names:
-            raise ConfigError(f"unknown key '{prefix}{key}' (allowed: {', '.join(names)})")
-    kwargs = {k: _coerce(hints[k], v, f"{prefix}{k}") for k, v in data.items()}
-    try:
-        return cls(**kwargs)
-    except ValueError as err:  # __post_init__: "<field>: <reason>" (EnvError is a ValueError too)
-        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-        head = msg.split(":", 1)[0].strip()
-        section = prefix.rstrip(".") or "config"
-        raise ConfigError(f"{prefix}{msg}" if head.split(".")[0] in names else f"{section}: {msg}") from None
 
 
 # --- recipes and overrides --------------------------------------------------------------------
@@ -411,7 +344,14 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def credit_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """``milegpo credit --set [credit.]key=value`` -> validated {key: value} of the [credit] section."""
-    values = {k.removeprefix("credit."): v for k, v in map(parse_override, overrides)}
+    values: dict[str, Any] = {}
+    for key, value in map(parse_override, overrides):
+        *tables, name = key.removeprefix("credit.").split(".")
+        node = values
+        for table in tables:
+            node = node.setdefault(table, {})
+        node[name] = value
+    values = nest_paper_keys(values)
     _check_preset(values, "credit.")
     build(CreditConfig, values, "credit.")
     return values

@@ -25,7 +25,7 @@ MIN_WINDOW_S = 0.1  # shortest window a load reading is taken over
 
 
 @dataclass(frozen=True)
-class Rollout:
+class RolloutPlan:
     """How a rollout uses its cores: torch threads of the policy, engine worker processes, lanes."""
 
     threads: int
@@ -54,13 +54,13 @@ def thread_count(requested: int, cores: int, others_busy: float = 0.0) -> int:
     return max(1, min(requested, free_cores(cores, others_busy)))
 
 
-def rollout_plan(threads: int, workers: int, lanes: int, cores: int) -> Rollout:
+def rollout_plan(threads: int, workers: int, lanes: int, cores: int) -> RolloutPlan:
     """The rollout's threads, engine workers and lanes on ``cores`` cores (workers < 0: one per core).
     With one core the engines step in-process and the lanes merge: nothing runs beside the policy."""
     if cores <= 1:
-        return Rollout(1, 0, 1)
+        return RolloutPlan(1, 0, 1)
     workers = cores if workers < 0 else min(workers, cores)
-    return Rollout(max(1, min(threads, cores - 1 if workers else cores)), workers, lanes)
+    return RolloutPlan(max(1, min(threads, cores - 1 if workers else cores)), workers, lanes)
 
 
 def member_share(cores: int, members: int) -> int:

@@ -6,6 +6,9 @@ import warnings
 import pytest
 
 SMALL_ALFWORLD = dict(min_receptacles=4, max_receptacles=6, max_objects=5)
+TINY_MODEL = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",  # the tests' tiny policy
+              "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
+              "policy.max_prompt_tokens=128"]
 
 
 @pytest.fixture(scope="module")

@@ -20,13 +20,8 @@ from conftest import SMALL_ALFWORLD as SMALL  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def config(alfworld_config):
-    return alfworld_config
-
-
-@pytest.fixture(scope="module")
-def suite(config):
-    return make_suite("alfworld", alfworld=config)
+def suite(alfworld_config):
+    return make_suite("alfworld", alfworld=alfworld_config)
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +191,7 @@ def test_engine_fault_and_timeout_end_the_episode(tasks):
         slow.close()
 
 
-def test_official_layout_is_played_by_the_same_adapter(config, tasks, tmp_path):
+def test_official_layout_is_played_by_the_same_adapter(alfworld_config, tasks, tmp_path):
     root = tmp_path / "json_2.1.1"
     for split, chosen in (("train", tasks[:3]), ("valid_seen", tasks[3:5]), ("valid_unseen", tasks[5:])):
         for t in chosen:

@@ -17,16 +17,11 @@ from conftest import SMALL_ALFWORLD as SMALL  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def config(alfworld_config):
-    return alfworld_config
+def train_games(alfworld_config):
+    return generator.generate_games(alfworld_config, "train", 6)
 
 
-@pytest.fixture(scope="module")
-def train_games(config):
-    return generator.generate_games(config, "train", 6)
-
-
-def test_each_task_type_generated_and_won_by_expert(config, train_games):
+def test_each_task_type_generated_and_won_by_expert(alfworld_config, train_games):
     seen = set()
     for path in train_games:
         with open(os.path.join(os.path.dirname(path), "traj_data.json")) as f:
@@ -48,7 +43,7 @@ def test_each_task_type_generated_and_won_by_expert(config, train_games):
     assert seen == set(TASK_TYPES)
 
 
-def test_same_seed_gives_byte_identical_games(config, train_games, tmp_path):
+def test_same_seed_gives_byte_identical_games(alfworld_config, train_games, tmp_path):
     other = AlfworldConfig(data_dir=str(tmp_path), **SMALL)
     for i in (0, 3):
         again = generator.generate_game(other, "train", i)
@@ -57,12 +52,12 @@ def test_same_seed_gives_byte_identical_games(config, train_games, tmp_path):
             b = open(os.path.join(os.path.dirname(again), name), "rb").read()
             assert a == b
     reseeded = AlfworldConfig(data_dir=str(tmp_path / "s1"), seed=1, **SMALL)
-    assert generator.build_game(reseeded, "train", 0, 0) != generator.build_game(config, "train", 0, 0)
+    assert generator.build_game(reseeded, "train", 0, 0) != generator.build_game(alfworld_config, "train", 0, 0)
 
 
-def test_splits_are_disjoint_in_floor_plans_and_reserved_combos(config, train_games):
-    ood = generator.generate_games(config, "ood", 3)
-    idg = generator.generate_games(config, "id", 2)
+def test_splits_are_disjoint_in_floor_plans_and_reserved_combos(alfworld_config, train_games):
+    ood = generator.generate_games(alfworld_config, "ood", 3)
+    idg = generator.generate_games(alfworld_config, "id", 2)
 
     def meta(path):
         with open(os.path.join(os.path.dirname(path), "traj_data.json")) as f:
@@ -72,28 +67,28 @@ def test_splits_are_disjoint_in_floor_plans_and_reserved_combos(config, train_ga
 
     train_plans = {meta(p)[0] for p in train_games + idg}
     ood_plans = {meta(p)[0] for p in ood}
-    assert train_plans <= set(config.train_floorplans) and ood_plans <= set(config.ood_floorplans)
+    assert train_plans <= set(alfworld_config.train_floorplans) and ood_plans <= set(alfworld_config.ood_floorplans)
     assert not train_plans & ood_plans
-    assert not any(combo_is_ood_only(config, *meta(p)[1]) for p in train_games + idg)
+    assert not any(combo_is_ood_only(alfworld_config, *meta(p)[1]) for p in train_games + idg)
     # the id games are other games than the train games
     assert {open(p).read() for p in idg}.isdisjoint({open(p).read() for p in train_games})
     with pytest.raises(EnvError, match="share floor plans"):
         AlfworldConfig(train_floorplans=(1, 7), ood_floorplans=(1, 2))
 
 
-def test_bad_inputs_raise_clear_errors(config):
+def test_bad_inputs_raise_clear_errors(alfworld_config):
     with pytest.raises(EnvError, match="task_types: unknown"):
         AlfworldConfig(task_types=("pick_and_fly",))
     with pytest.raises(EnvError, match="unknown split 'valid'"):
-        AlfworldSuite(config).tasks("valid", 2)
+        AlfworldSuite(alfworld_config).tasks("valid", 2)
     with pytest.raises(EnvError, match="exceeds the split's pool"):
-        generator.generate_games(config, "ood", config.ood_games + 1)
+        generator.generate_games(alfworld_config, "ood", alfworld_config.ood_games + 1)
     with pytest.raises(EnvError, match="expert"):
         AlfworldConfig(expert="oracle")
 
 
-def test_tasks_fixed_list_and_describe(config, train_games):
-    suite = AlfworldSuite(config)
+def test_tasks_fixed_list_and_describe(alfworld_config, train_games):
+    suite = AlfworldSuite(alfworld_config)
     calls = []
     a = suite.tasks("train", 6, seed=3, progress=lambda i, n: calls.append((i, n)))
     assert a == suite.tasks("train", 6, seed=3) and calls[-1] == (6, 6)
@@ -101,7 +96,7 @@ def test_tasks_fixed_list_and_describe(config, train_games):
     assert {t.task_type for t in a} == set(TASK_TYPES)
     d = suite.describe_splits()
     json.dumps(d)
-    assert d["ood"]["floorplans"] == list(config.ood_floorplans)
+    assert d["ood"]["floorplans"] == list(alfworld_config.ood_floorplans)
     assert any("move" in s for s in suite.text_corpus())
 
 

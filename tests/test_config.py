@@ -176,3 +176,17 @@ def test_a_preset_refuses_a_value_the_user_gave(recipe, sets, message):
 def test_a_preset_takes_values_equal_to_its_own():
     config = load_config("webshop", ['credit.preset="verl-agent"', "credit.gamma=0.95"])  # step_norm = episode_norm
     assert (config.credit.gamma, config.credit.step_norm, config.credit.episode_stats) == (0.95, "mean", "steps")
+
+
+def test_paper_weights_are_a_nested_section_and_flat_keys_still_load():
+    from milegpo_cli.credit.config import PaperConfig
+
+    assert load_config("webshop").credit.paper.eta == 1.0
+    assert load_config("alfworld", ["credit.paper.omega=0.5"]).credit.paper.omega == 0.5
+    stored = load_config("alfworld").to_dict()  # a run stored before issue 44: flat paper_* keys
+    paper = stored["credit"].pop("paper")
+    stored["credit"].update({f"paper_{'lambda' if k == 'lambda_' else k}": v for k, v in paper.items()}, paper_eta=0.7)
+    assert Config.from_dict(stored).credit.paper == dataclasses.replace(PaperConfig(), eta=0.7)
+    assert credit_overrides(["credit.paper_eta=0.3", "credit.paper.w_s=2.0"]) == {"paper": {"eta": 0.3, "w_s": 2.0}}
+    with pytest.raises(ConfigError, match=r"^credit\.paper\.omega: must be in \(0, 1\]"):
+        load_config("alfworld", ["credit.paper.omega=0"])

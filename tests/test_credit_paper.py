@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from milegpo_cli.credit import CreditConfig, Rollout, RolloutBatch, compute_advantages, same_state_tie_share
+from milegpo_cli.credit.config import PaperConfig
 from milegpo_cli.credit.graph import decayed_max
 
 from test_credit_properties import rollout_lists
@@ -16,7 +17,7 @@ SETTINGS = settings(max_examples=60, deadline=None)
 @given(rollout_lists())
 def test_eta_zero_reproduces_graphgpo_exactly(rollouts):
     b = RolloutBatch.from_rollouts(rollouts)
-    paper = compute_advantages(b, "milegpo", CreditConfig(formulation="paper", paper_eta=0.0))
+    paper = compute_advantages(b, "milegpo", CreditConfig(formulation="paper", paper=PaperConfig(eta=0.0)))
     graph = compute_advantages(b, "graphgpo", CreditConfig())
     assert np.array_equal(paper.advantage, graph.advantage)
 
@@ -24,10 +25,10 @@ def test_eta_zero_reproduces_graphgpo_exactly(rollouts):
 @SETTINGS
 @given(rollout_lists(), st.floats(0.05, 1.0), st.floats(0.0, 2.0), st.floats(0.0, 1.0), st.floats(0.0, 1.0))
 def test_paper_credit_within_stated_bounds(rollouts, omega, gamma_phi, w_plus, w_minus):
-    cfg = CreditConfig(formulation="paper", paper_omega=omega, paper_gamma_phi=gamma_phi,
-                       paper_w_plus=w_plus, paper_w_minus=w_minus)
+    cfg = CreditConfig(formulation="paper", paper=PaperConfig(omega=omega, gamma_phi=gamma_phi, w_plus=w_plus,
+                                                              w_minus=w_minus))
     res = compute_advantages(RolloutBatch.from_rollouts(rollouts), "milegpo", cfg)
-    scale = cfg.graph_c * cfg.paper_lambda * gamma_phi
+    scale = cfg.graph_c * cfg.paper.lambda_ * gamma_phi
     assert (res.credit <= scale * w_plus + 1e-9).all() and (res.credit >= -scale * w_minus - 1e-9).all()
     for c in res.candidates:
         assert -1.0 <= c.rho <= 1.0 and (c.rho > 0) == (c.kind == "milestone")
@@ -64,7 +65,7 @@ def test_paper_potentials_hand_computed():
     # anchor s0: r_G = {2, 2, 0, 0} and r_mix = {4, 4, -0.5, -0.5}: both normalise to +-sqrt(3)/2
     assert np.allclose(res.step_advantage, graph.step_advantage)
     # anchor t (both steps of r2, r3 at t): r_G = 0 and credit 0 -> 0; the eta mix changes nothing here
-    mean = compute_advantages(b, "milegpo", CreditConfig(formulation="paper", step_norm="mean", paper_eta=0.5))
+    mean = compute_advantages(b, "milegpo", CreditConfig(formulation="paper", step_norm="mean", paper=PaperConfig(eta=0.5)))
     # mean-norm anchor s0: Â_G = {1, 1, -1, -1}, Â_mix = {2.25, 2.25, -2.25, -2.25} -> 1 + 0.5 * 1.25
     assert mean.step_advantage[0] == pytest.approx(1.625) and mean.step_advantage[4] == pytest.approx(-1.625)
 

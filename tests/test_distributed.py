@@ -17,11 +17,11 @@ import pytest
 
 from milegpo_cli.relaunch import requested_cpu_processes
 from milegpo_cli.store import RunStore
+from conftest import TINY_MODEL
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",
-        "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
-        "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "eval.episodes=2",
+TINY = [*TINY_MODEL,
+        "rollout.groups=2", "rollout.group_size=2", "eval.episodes=2",
         "eval.splits=['id']", "eval.probe_states=4", "warmstart.enabled=false", "base.enabled=false",
         "rollout.train_tasks=8", "env.max_steps=4", "env.alfworld.workers=0", "ppo.minibatch_size=8",
         f"env.alfworld.data_dir={json.dumps(str(REPO / 'runs' / 'alfworld'))}"]

@@ -15,12 +15,12 @@ from milegpo_cli.experiments.diagnose import diagnose
 from milegpo_cli.experiments.report import build_report, log_plots, plot_report
 from milegpo_cli.experiments.runs import ExperimentError
 from milegpo_cli.store import RunStore
+from conftest import TINY_MODEL
 
 torch.set_num_threads(1)
 
-TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",
-        "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
-        "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=4", "ppo.epochs=1",
+TINY = [*TINY_MODEL,
+        "rollout.groups=2", "rollout.group_size=4", "ppo.epochs=1",
         "eval.episodes=4", "eval.every=1", "checkpoint.every=1", "run.iterations=1", "run.threads=1",
         "env.max_steps=4", "env.webshop.num_products=300", "env.webshop.train_instructions=40", "rollout.train_tasks=16",
         "env.webshop.eval_instructions=8", "base.enabled=false", "eval.probe_states=6"]

@@ -13,11 +13,11 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from milegpo_cli.store import RunStore
+from conftest import TINY_MODEL
 
 SCRIPT = Path(sys.executable).with_name("milegpo")
-TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",
-        "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
-        "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "ppo.epochs=1",
+TINY = [*TINY_MODEL,
+        "rollout.groups=2", "rollout.group_size=2", "ppo.epochs=1",
         "eval.episodes=2", "eval.splits=['id']", "run.threads=1", "env.max_steps=4",
         "env.webshop.num_products=300", "env.webshop.train_instructions=80", "env.webshop.eval_instructions=8",
         "checkpoint.every=1", "eval.every=2", "rollout.train_tasks=16", "base.enabled=false", "eval.probe_states=6"]

@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import TINY_MODEL
 
 SCRIPT = Path(sys.executable).with_name("milegpo")
 ITERATIONS = 6
-TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",
-        "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
-        "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "ppo.epochs=1",
+TINY = [*TINY_MODEL,
+        "rollout.groups=2", "rollout.group_size=2", "ppo.epochs=1",
         "eval.episodes=2", "eval.splits=['id']", "eval.probe_states=6", "run.threads=1", "env.max_steps=4",
         "base.enabled=false", "warmstart.enabled=false", "rollout.train_tasks=8",
         "env.webshop.num_products=300", "env.webshop.train_instructions=80", "env.webshop.eval_instructions=8",

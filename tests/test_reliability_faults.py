@@ -21,13 +21,13 @@ from milegpo_cli.cli import app
 from milegpo_cli.config import load_config
 from milegpo_cli.store import RunStore
 from milegpo_cli.trainer import loop
+from conftest import TINY_MODEL
 
 torch.set_num_threads(1)
 SCRIPT = Path(sys.executable).with_name("milegpo")
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",
-        "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
-        "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "ppo.epochs=1",
+TINY = [*TINY_MODEL,
+        "rollout.groups=2", "rollout.group_size=2", "ppo.epochs=1",
         "eval.episodes=2", "eval.splits=['id']", "run.threads=1", "env.max_steps=4",
         "env.webshop.num_products=300", "env.webshop.train_instructions=80", "env.webshop.eval_instructions=8",
         "base.enabled=false", "rollout.train_tasks=8", "eval.probe_states=0"]  # no probe: fault step counts stay fixed

@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from milegpo_cli.cli import app
 from milegpo_cli.config import Config, flatten, load_config, read_recipe
 from milegpo_cli.errors import ConfigError
+from conftest import TINY_MODEL
 
 runner = CliRunner()
 SCRIPT = Path(sys.executable).with_name("milegpo")
@@ -303,9 +304,8 @@ def test_store_from_a_newer_schema_is_refused(tmp_path):
 def test_checkpoint_with_a_bad_hash_is_refused(tmp_path):
     """Train 2 iterations, flip one byte of the newest checkpoint: resume and rollout refuse it in
     one line, and the store is left as it was (resume deletes nothing before verifying)."""
-    tiny = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",
-            "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
-            "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "eval.episodes=2",
+    tiny = [*TINY_MODEL,
+            "rollout.groups=2", "rollout.group_size=2", "eval.episodes=2",
             "base.enabled=false", "rollout.train_tasks=8", "eval.probe_states=6",
             "eval.splits=['id']", "env.max_steps=3", "env.webshop.num_products=300",
             "env.webshop.train_instructions=80", "env.webshop.eval_instructions=8", "run.iterations=2",

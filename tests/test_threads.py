@@ -46,10 +46,10 @@ def test_member_shares_add_up_to_at_most_the_cores(total, members):
 
 
 def test_rollout_plan_follows_the_cores():
-    assert cores.rollout_plan(1, 2, 2, cores=2) == cores.Rollout(threads=1, workers=2, lanes=2)  # the recipe
-    assert cores.rollout_plan(1, 2, 2, cores=1) == cores.Rollout(threads=1, workers=0, lanes=1)  # nothing beside it
-    assert cores.rollout_plan(4, -1, 1, cores=3) == cores.Rollout(threads=2, workers=3, lanes=1)  # a core for the engines
-    assert cores.rollout_plan(2, 0, 1, cores=2) == cores.Rollout(threads=2, workers=0, lanes=1)  # in-process engines
+    assert cores.rollout_plan(1, 2, 2, cores=2) == cores.RolloutPlan(threads=1, workers=2, lanes=2)  # the recipe
+    assert cores.rollout_plan(1, 2, 2, cores=1) == cores.RolloutPlan(threads=1, workers=0, lanes=1)  # nothing beside it
+    assert cores.rollout_plan(4, -1, 1, cores=3) == cores.RolloutPlan(threads=2, workers=3, lanes=1)  # a core for the engines
+    assert cores.rollout_plan(2, 0, 1, cores=2) == cores.RolloutPlan(threads=2, workers=0, lanes=1)  # in-process engines
 
 
 def test_cgroup_quotas_v1_v2_and_the_tightest_ancestor(tmp_path):

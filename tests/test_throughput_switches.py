@@ -11,12 +11,12 @@ import torch
 from milegpo_cli.config import load_config
 from milegpo_cli.trainer import builders, iteration as one_iteration, seeding
 from milegpo_cli.trainer.ppo import PPOUpdater
+from conftest import TINY_MODEL
 
 os.environ.setdefault("ALFWORLD_DATA", str(Path(__file__).resolve().parents[1] / "runs" / "alfworld_data"))
 
-TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",
-        "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
-        "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=3", "rollout.train_tasks=4",
+TINY = [*TINY_MODEL,
+        "rollout.groups=2", "rollout.group_size=3", "rollout.train_tasks=4",
         "run.threads=1", "env.max_steps=6", "env.alfworld.workers=0", "env.alfworld.expert=\"planner\"",
         f"env.alfworld.data_dir={json.dumps(str(Path(__file__).resolve().parents[1] / 'runs' / 'alfworld'))}"]
 

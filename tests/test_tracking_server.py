@@ -18,11 +18,11 @@ from typer.testing import CliRunner
 
 from milegpo_cli.cli import app
 from milegpo_cli.store import RunStore
+from conftest import TINY_MODEL
 
 MLFLOW = Path(sys.executable).with_name("mlflow")
-TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",
-        "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
-        "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "rollout.train_tasks=8",
+TINY = [*TINY_MODEL,
+        "rollout.groups=2", "rollout.group_size=2", "rollout.train_tasks=8",
         "eval.episodes=2", "eval.splits=['id']", "env.max_steps=3", "env.webshop.num_products=300",
         "env.webshop.train_instructions=80", "env.webshop.eval_instructions=8", "run.iterations=2",
         "eval.every=2", "checkpoint.every=2", "warmstart.enabled=false", "run.threads=1", "base.enabled=false",

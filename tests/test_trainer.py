@@ -14,13 +14,13 @@ from milegpo_cli.config import load_config
 from milegpo_cli.store import RunStore
 from milegpo_cli.trainer import loop, checkpoint_eval, resume
 from milegpo_cli.trainer.checkpoint import list_checkpoints
+from conftest import TINY_MODEL
 
 torch.set_num_threads(1)
 os.environ.setdefault("ALFWORLD_DATA", str(Path(__file__).resolve().parents[1] / "runs" / "alfworld_data"))
 
-TINY = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",
-        "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
-        "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "ppo.epochs=1",
+TINY = [*TINY_MODEL,
+        "rollout.groups=2", "rollout.group_size=2", "ppo.epochs=1",
         "eval.episodes=2", "eval.splits=['id']", "eval.probe_states=6", "run.threads=1", "warmstart.enabled=false",
         "base.enabled=false", "rollout.train_tasks=8"]
 ENV = {
@@ -196,3 +196,23 @@ def test_warm_start_is_recorded_as_iteration_zero(tmp_path, models_dir):
     phases = [(e["iteration"], e["phase"]) for e in store.evaluations(run_id)]
     assert phases == [(0, "untrained"), (0, "warmstart"), (1, "train")]
     assert all("probe_expert_logp" in e["metrics"] for e in store.evaluations(run_id))
+
+
+@pytest.mark.slow
+def test_rollout_reads_the_newest_checkpoint_again_when_training_prunes_it(tmp_path, models_dir, monkeypatch):
+    """A run still training removes its older checkpoints; `rollout --run` that finds the newest gone
+    mid-read reads the then-newest and says so, instead of failing on a manifest mismatch."""
+    from envs import faults
+
+    config = make_config("webshop", tmp_path, models_dir, "run.iterations=2", "checkpoint.every=1",
+                         "checkpoint.keep=2", "eval.every=2")
+    store = RunStore(config.store.db)
+    run_id = loop.train(config, store, config.store.mlflow_uri, console=quiet())
+    faults._hits.clear()
+    monkeypatch.setenv(faults.ENV_VAR, "rollout.checkpoint_read:1:flag")  # checkpoint 2 goes while it is read
+    out = tmp_path / "out.txt"
+    checkpoint_eval.evaluate(store, run_id, "id", 2, console=Console(file=open(out, "w"), width=300))
+    text = out.read_text()
+    assert "checkpoint 2 was removed while it was read" in text and f"run {run_id} checkpoint 1:" in text
+    assert [e["checkpoint"] for e in store.evaluations(run_id) if e["checkpoint"]] == [f"checkpoints/run_{run_id}/iter_000001"]
+    faults._hits.clear()

@@ -16,6 +16,7 @@ from milegpo_cli.policy import Policy
 from milegpo_cli.trainer.checkpoint import (MANIFEST, OWNER, CheckpointError, check_owner, claim_folder,
                                             find_checkpoint, folder_owner, latest_checkpoint, list_checkpoints,
                                             load_checkpoint, save_checkpoint, set_rng_state, sha256_file)
+from conftest import TINY_MODEL
 
 torch.set_num_threads(1)
 CORPUS = ["go to desk 1", "take apple 1 from desk 1", "You are in the middle of a room.", "open fridge 1"]
@@ -146,9 +147,8 @@ def test_pickled_callable_is_refused(policy, tmp_path, name):
 def test_train_resume_refuses_a_tampered_trainer_state(tmp_path):
     """Train 1 iteration, plant a callable in trainer.pt (manifest re-signed): `train --resume` exits
     2 with one line, runs nothing, and leaves the store as it was."""
-    tiny = ["policy.tiny.hidden_size=32", "policy.tiny.num_layers=1", "policy.tiny.num_heads=2",
-            "policy.tiny.num_kv_heads=1", "policy.tiny.intermediate_size=64", "policy.tiny.vocab_size=320",
-            "policy.max_prompt_tokens=128", "rollout.groups=2", "rollout.group_size=2", "rollout.train_tasks=8",
+    tiny = [*TINY_MODEL,
+            "rollout.groups=2", "rollout.group_size=2", "rollout.train_tasks=8",
             "base.enabled=false", "eval.probe_states=6",
             "eval.episodes=2", "eval.splits=['id']", "env.max_steps=3", "env.webshop.num_products=300",
             "env.webshop.train_instructions=80", "env.webshop.eval_instructions=8", "run.iterations=1",

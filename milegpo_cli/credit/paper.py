@@ -6,7 +6,7 @@ Our exact reading (docs/algorithms.md):
     PCC, per credited entry e = (u, a) -> v:   b(e) = sr(u, a) - mean of sr over the sibling actions at u
         psi(e) = alpha_d clip(d(u) - d(v), -1, 1) + alpha_s (p+(v) - p̄) - alpha_f S̄_t(v)
         E(v) = mean_e [w_bc b(e) + w_pg psi(e)];  agreement A = +E (milestone) / -E (trap)
-        kept (A >= 0): S <- S (1 + w_pcc A);  rejected: S <- paper_reject * S
+        kept (A >= 0): S <- S (1 + w_pcc A);  rejected: S <- paper.reject * S
     S̄ = S / max over the group's candidates of that kind;  Phi(s) = max_v S̄(v) omega ** d(s, v)
     delta+ = max(gamma_Phi w+ Phi+(s') - w+ Phi+(s), 0),  delta- likewise with w-, Phi-
     credit = c lambda (delta+ - delta-),   r_mix = c gamma_G ** d(s') + credit
@@ -46,9 +46,9 @@ def candidate_scores(batch, graph, ev, milestone, trap, config):
               + np.bincount(edges % graph.num_nodes, minlength=graph.num_nodes))[:s].astype(float)
     norm_degree = _group_max_normalise(degree, grp, batch.num_groups)
     revisit = np.where(ev.fail_visits > 0, (ev.fail_visits - ev.n_neg) / np.maximum(ev.fail_visits, 1), 0.0)
-    s_m = (config.paper_w_s * np.maximum(p_pos - p_bar, 0) + config.paper_w_m * ev.n_pos / n_pos_g
-           + config.paper_w_c * norm_degree)
-    s_t = config.paper_w_f * np.maximum(p_bar - p_pos, 0) + config.paper_w_l * (ev.n_neg / n_neg_g) * revisit
+    s_m = (config.paper.w_s * np.maximum(p_pos - p_bar, 0) + config.paper.w_m * ev.n_pos / n_pos_g
+           + config.paper.w_c * norm_degree)
+    s_t = config.paper.w_f * np.maximum(p_bar - p_pos, 0) + config.paper.w_l * (ev.n_neg / n_neg_g) * revisit
     return np.where(milestone, s_m, 0.0), np.where(trap, s_t, 0.0), p_pos, p_bar
 
 
@@ -76,16 +76,16 @@ def milegpo_paper(batch: RolloutBatch, config: CreditConfig, drop: frozenset) ->
         delta_d = np.clip(np.nan_to_num(du - dv, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0)
     target = np.where(graph.next_node < s, graph.next_node, 0)
     trap_evidence = _group_max_normalise(s_t, grp, g)[target]
-    psi = (config.paper_alpha_d * delta_d + config.paper_alpha_s * (p_pos - p_bar)[target]
-           - config.paper_alpha_f * trap_evidence)
-    evidence = (0.0 if "same-state" in drop else config.paper_w_bc * b) + (0.0 if "progress" in drop else config.paper_w_pg * psi)
+    psi = (config.paper.alpha_d * delta_d + config.paper.alpha_s * (p_pos - p_bar)[target]
+           - config.paper.alpha_f * trap_evidence)
+    evidence = (0.0 if "same-state" in drop else config.paper.w_bc * b) + (0.0 if "progress" in drop else config.paper.w_pg * psi)
     evidence = np.broadcast_to(evidence, (batch.num_steps,))
     entry = entry_steps(batch, graph)
     cand_step = entry & (milestone | trap)[target]
     n_entry = np.maximum(np.bincount(target[cand_step], minlength=s), 1)
     e_v = np.bincount(target[cand_step], weights=evidence[cand_step], minlength=s) / n_entry
     agree = np.where(milestone, e_v, -e_v)
-    factor = np.where(agree >= 0, 1.0 + config.paper_w_pcc * agree, config.paper_reject)
+    factor = np.where(agree >= 0, 1.0 + config.paper.w_pcc * agree, config.paper.reject)
     s_m, s_t = s_m * factor, s_t * factor
     if "reliability" in drop:  # no outcome calibration: every kept candidate at full strength
         s_m, s_t = np.where(s_m > 0, 1.0, 0.0), np.where(s_t > 0, 1.0, 0.0)
@@ -95,19 +95,19 @@ def milegpo_paper(batch: RolloutBatch, config: CreditConfig, drop: frozenset) ->
     def potential(value):
         full = np.zeros(graph.num_nodes)
         full[:s] = value
-        return decayed_max(batch.step_state, graph.next_node, graph.num_nodes, full, config.paper_omega)
+        return decayed_max(batch.step_state, graph.next_node, graph.num_nodes, full, config.paper.omega)
 
     phi_p, phi_m = potential(bar_m), potential(bar_t)
     u, v = batch.step_state, graph.next_node
-    inc_p = np.maximum(config.paper_gamma_phi * config.paper_w_plus * phi_p[v] - config.paper_w_plus * phi_p[u], 0)
-    inc_m = np.maximum(config.paper_gamma_phi * config.paper_w_minus * phi_m[v] - config.paper_w_minus * phi_m[u], 0)
-    credit = config.graph_c * config.paper_lambda * (inc_p - inc_m)
+    inc_p = np.maximum(config.paper.gamma_phi * config.paper.w_plus * phi_p[v] - config.paper.w_plus * phi_p[u], 0)
+    inc_m = np.maximum(config.paper.gamma_phi * config.paper.w_minus * phi_m[v] - config.paper.w_minus * phi_m[u], 0)
+    credit = config.graph_c * config.paper.lambda_ * (inc_p - inc_m)
 
     r_g = graph_return(graph, config.graph_c, config.graph_gamma)
     anchors = config_anchors(batch, config)
     a_g = anchor_normalise(r_g, *anchors, config)
     a_mix = anchor_normalise(r_g + credit, *anchors, config)
-    step_adv = a_g + config.paper_eta * (a_mix - a_g)
+    step_adv = a_g + config.paper.eta * (a_mix - a_g)
     rollout_adv, episode_step = episode_advantage(batch, config)
 
     kept_m, kept_t = bar_m > 0, bar_t > 0

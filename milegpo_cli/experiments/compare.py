@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Sequence
 
 from milegpo_cli.experiments import plots
-from milegpo_cli.experiments.report import Table, to_rich
+from milegpo_cli.experiments.report_render import Table, to_rich
 from milegpo_cli.experiments.runs import ExperimentError, RunData, dumps, resolve
 
 FORMATS = ("table", "json")

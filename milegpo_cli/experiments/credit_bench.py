@@ -21,7 +21,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from milegpo_cli.credit import CreditConfig, Rollout, RolloutBatch, compute_advantages, same_state_tie_share
-from milegpo_cli.credit.config import COMPONENTS
+from milegpo_cli.credit.config import COMPONENTS, nest_paper_keys
 from milegpo_cli.experiments.credit_recording import CreditBenchError
 from milegpo_cli.experiments.diagnostics import entered_keys, milestone_match
 from milegpo_cli.experiments.stats import CONFIDENCE, Estimate
@@ -56,7 +56,7 @@ def default_variants(env: str, config: CreditConfig | None = None, ablations: Se
     base = config or CreditConfig()
     ours = replace(base, formulation="v3")
     v2 = replace(base, **V2_AS_MEASURED)
-    paper = replace(base, formulation="paper", paper_eta=PAPER_ETA.get(env, base.paper_eta))
+    paper = replace(base, formulation="paper", paper=replace(base.paper, eta=PAPER_ETA.get(env, base.paper.eta)))
     out = [Variant("grpo", "grpo", config=base), Variant("gigpo", "gigpo", config=base),
            Variant("graphgpo", "graphgpo", config=base, reference="gigpo"),
            Variant("hgpo", "hgpo", config=base, reference="gigpo"),
@@ -245,6 +245,15 @@ def subsets(rec: Recording) -> Iterator[tuple[str, Recording]]:
         yield "all-fail", rec.subset(all_fail)
 
 
+def with_value(config: CreditConfig, name: str, value) -> CreditConfig:
+    """``config`` with field ``name`` set; ``paper_<name>`` (the grid's name of a paper weight) sets
+    that field of ``config.paper`` (``paper_lambda``: ``lambda_``)."""
+    if name.startswith("paper_"):
+        paper = nest_paper_keys({name: value})["paper"]
+        return replace(config, paper=replace(config.paper, **paper))
+    return replace(config, **{name: value})
+
+
 def sweep(rec: Recording, env: str, grid: dict[str, Sequence[float]], *, base: CreditConfig | None = None,
           n_resamples: int = 200, seed: int = 0) -> list[dict]:
     """One-at-a-time sweep of CreditConfig fields for MileGPO (``paper_*`` fields: paper formulation,
@@ -252,8 +261,8 @@ def sweep(rec: Recording, env: str, grid: dict[str, Sequence[float]], *, base: C
     base = base or CreditConfig()
     rows = []
     for form in ("v3", "paper"):
-        cfg0 = replace(base, formulation=form, paper_eta=PAPER_ETA.get(env, base.paper_eta) if form == "paper"
-                       else base.paper_eta)
+        cfg0 = replace(base, formulation=form, paper=replace(base.paper, eta=PAPER_ETA.get(env, base.paper.eta))
+                       if form == "paper" else base.paper)
         ref = Variant(f"{form}:base", "milegpo", config=cfg0)
         variants = [ref]
         for field_name, values in grid.items():
@@ -261,7 +270,7 @@ def sweep(rec: Recording, env: str, grid: dict[str, Sequence[float]], *, base: C
                 continue
             for val in values:
                 variants.append(Variant(f"{form}:{field_name}={val:g}", "milegpo",
-                                        config=replace(cfg0, **{field_name: val}), reference=ref.name))
+                                        config=with_value(cfg0, field_name, val), reference=ref.name))
         for row in evaluate(rec, variants, n_resamples=n_resamples, seed=seed, with_milestones=False):
             name = row["method"]
             param, _, value = name.partition(":")[2].partition("=")

@@ -5,6 +5,7 @@ import json
 import math
 
 from milegpo_cli.credit import CreditConfig
+from milegpo_cli.experiments.stats import format_interval
 
 
 def _fmt(x: float, nd: int = 3) -> str:
@@ -15,11 +16,11 @@ def _ci(row: dict, key: str, nd: int = 3) -> str:
     v = row.get(key, float("nan"))
     if not math.isfinite(v):
         return "–"
-    return f"{v:.{nd}f} [{row[key + '_lo']:.{nd}f}, {row[key + '_hi']:.{nd}f}]"
+    return format_interval(v, row[key + "_lo"], row[key + "_hi"], nd)
 
 
 def _est(e: dict, nd: int = 3) -> str:
-    return f"{e['value']:+.{nd}f} [{e['low']:+.{nd}f}, {e['high']:+.{nd}f}]"
+    return format_interval(e["value"], e["low"], e["high"], nd, signed=True)
 
 
 def choose_formulation(pairs: dict[str, dict], current: str = "v3") -> str:

@@ -21,6 +21,7 @@ from milegpo_cli.experiments import plots
 from milegpo_cli.experiments.diagnostics import (
     N_RESAMPLES, compare_estimators, diagnose_credit, entered_keys, estimator_variants, milestone_match, roc_auc)
 from milegpo_cli.experiments.runs import ExperimentError, dumps
+from milegpo_cli.experiments.stats import format_interval
 
 FORMATS = ("table", "json")
 STORED = "stored"  # name prefix of the diagnostics of the advantages a run trained with
@@ -213,13 +214,13 @@ def memory_rows(iterations: list[dict]) -> list[dict]:
             for it in iterations if MEMORY_METRICS["credited_groups"] in (it["metrics"] or {})]
 
 
-def _e(est: dict | None) -> str:
+def _estimate_text(est: dict | None) -> str:
     if est is None or est["value"] is None or not np.isfinite(est["value"]):  # nan: a class is empty
         return "-"
-    return f"{est['value']:.2f} [{est['low']:.2f}, {est['high']:.2f}]"
+    return format_interval(est["value"], est["low"], est["high"])
 
 
-def _share(v: float | None) -> str:
+def _number_text(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
@@ -250,11 +251,11 @@ def render_diagnosis(d: dict, fmt: str = "table"):
     for task, cs in sorted(d["candidates"].items()):
         for c in sorted(cs, key=lambda c: (c["kind"], -abs(c["rho"]))):
             t.add_row(task, c["kind"], c["key"][:40], str(c["n_pos"]), str(c["n_neg"]), f"{c['rho']:+.2f}",
-                      "inf" if c["distance"] is None else f"{c['distance']:.0f}", _share(c["progress_ok"]),
-                      _share(c["branch_ok"]), f"{c['credit']:+.3f}")
+                      "inf" if c["distance"] is None else f"{c['distance']:.0f}", _number_text(c["progress_ok"]),
+                      _number_text(c["branch_ok"]), f"{c['credit']:+.3f}")
     out.append(t)
     t = _table("candidates over training", ["iteration", "milestones", "rho+", "progress ok", "branch ok", "traps", "rho-"])
-    f = _share
+    f = _number_text
     for e in d["evolution"]:
         t.add_row(str(e["iteration"]), str(e["milestones"]), f(e["milestone_rho"]), f(e["milestone_progress_ok"]),
                   f(e["milestone_branch_ok"]), str(e["traps"]), f(e["trap_rho"]))
@@ -273,8 +274,8 @@ def render_diagnosis(d: dict, fmt: str = "table"):
                ["estimator", "groups", "good/bad", "ROC-AUC", "sign acc.", "ms. prec.", "ms. recall"])
     for c in d["credit"]:
         label = STORED if c is stored else method_label(c["algo"], c["drop"])
-        t.add_row(label, str(c["n_groups"]), f"{c['n_good']}/{c['n_bad']}", _e(c["auc"]), _e(c["sign_accuracy"]),
-                  _e(c["milestone_precision"]), _e(c["milestone_recall"]))
+        t.add_row(label, str(c["n_groups"]), f"{c['n_good']}/{c['n_bad']}", _estimate_text(c["auc"]), _estimate_text(c["sign_accuracy"]),
+                  _estimate_text(c["milestone_precision"]), _estimate_text(c["milestone_recall"]))
     out.append(t)
     if d["plots"]:
         out.append("plots: " + ", ".join(d["plots"]))

@@ -10,44 +10,19 @@ mean ± std over seeds of each type. All numbers come from stored runs.
 """
 from __future__ import annotations
 
-import csv
-import html
-import io
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
-from rich import box
-from rich.table import Table as RichTable
 
-from milegpo_cli.experiments import curves, plots, stats
+from milegpo_cli.experiments import curves, stats
 from milegpo_cli.experiments.diagnose import trained_credit_auc
-from milegpo_cli.experiments.runs import ALL, ExperimentError, RunData, dumps, experiment_runs, grid_keys, load_run
+from milegpo_cli.experiments.report_render import FORMATS, SPLITS, Report, Table, plot_report, render, to_rich
+from milegpo_cli.experiments.runs import ALL, ExperimentError, RunData, experiment_runs, grid_keys, load_run
 
 BY = ("algo", "drop")
 VARIANT_METRICS = ("success_id", "success_ood", "score_id", "score_ood", "auc_id")  # --metric: final value on a split, or area of the id curve
 DEFAULT_SWEEP_METRIC = "success_id"
-FORMATS = ("table", "md", "csv", "json", "html")
-SPLITS = ("id", "ood")
-
-
-@dataclass
-class Table:
-    title: str
-    columns: list[str]
-    rows: list[list[str]]
-
-
-@dataclass
-class Report:
-    title: str
-    by: str
-    baseline: str | None
-    metrics: tuple[str, ...]
-    data: dict  # JSON-serialisable numbers behind the tables
-    tables: list[Table]
-    plots: list[str] = field(default_factory=list)
 
 
 def method_label(run: RunData, by: str) -> str:
@@ -86,7 +61,7 @@ def _strata(runs: Sequence[RunData], split: str, metric: str, types: Sequence[st
 def _fmt(est: stats.Estimate | None, scale: float) -> str:
     if est is None:
         return "-"
-    return f"{est.value * scale:.1f} [{est.low * scale:.1f}, {est.high * scale:.1f}]"
+    return stats.format_interval(est.value, est.low, est.high, 1, scale)
 
 
 def _fmt_summary(s: stats.Summary | None, scale: float = 100.0, spread: bool = True) -> str:
@@ -116,7 +91,7 @@ def _gap(id_s: dict[str, dict[int, float]], ood_s: dict[str, dict[int, float]], 
     return stats.gap([p[0] for p in pairs], [p[1] for p in pairs], seed=seed)
 
 
-def _poi(x: dict[str, dict[int, float]], y: dict[str, dict[int, float]], seed: int) -> stats.Estimate | None:
+def _improvement_probability(x: dict[str, dict[int, float]], y: dict[str, dict[int, float]], seed: int) -> stats.Estimate | None:
     common = [t for t in sorted(set(x) & set(y)) if x[t] and y[t]]
     if not common:
         return None
@@ -145,7 +120,7 @@ def _versus(x: dict[int, float], y: dict[int, float], seed: int, target_mde: flo
 
 
 def _fmt_dict(e: dict | None, scale: float = 100.0, digits: int = 1) -> str:
-    return "-" if e is None else f"{e['value'] * scale:.{digits}f} [{e['low'] * scale:.{digits}f}, {e['high'] * scale:.{digits}f}]"
+    return "-" if e is None else stats.format_interval(e["value"], e["low"], e["high"], digits, scale)
 
 
 def _versus_cells(vs: dict | None) -> list[str]:
@@ -333,11 +308,11 @@ def report_from_runs(
         row = [m]
         if baseline:
             for met in metrics:
-                p = None if m == baseline else _poi(strata[m]["ood", met], strata[baseline]["ood", met], seed)
-                pi = None if m == baseline else _poi(strata[m]["id", met], strata[baseline]["id", met], seed)
+                p = None if m == baseline else _improvement_probability(strata[m]["ood", met], strata[baseline]["ood", met], seed)
+                pi = None if m == baseline else _improvement_probability(strata[m]["id", met], strata[baseline]["id", met], seed)
                 d["metrics"][met]["poi_ood"] = p and p.to_dict()
                 d["metrics"][met]["poi_id"] = pi and pi.to_dict()
-                row.append("-" if p is None else f"{p.value:.2f} [{p.low:.2f}, {p.high:.2f}]")
+                row.append("-" if p is None else stats.format_interval(p.value, p.low, p.high))
         s_ood = _summary(strata[m]["ood", metrics[0]], seed)  # over (seed, task type) cells
         row += [_fmt(s_ood.iqm if s_ood else None, 100.0), f"{sum(r.steps for r in rs) / len(rs):.0f}",
                 f"{sum(r.wall_s for r in rs) / len(rs):.0f}"]
@@ -373,75 +348,6 @@ def report_from_runs(
     tables += [_curve_table(groups, data, metrics, title, seed),
                _area_table(groups, data, metrics, baseline, credit or {}, title, seed, target_mde)]
     return Report(title=title, by=by, baseline=baseline, metrics=metrics, data=data, tables=tables)
-
-
-def plot_report(report: Report, out_dir: str | Path) -> list[Path]:
-    """Interval bars of each metric on each split and its learning curves against environment steps
-    with 95% bands (PNG), recorded in ``report.plots``."""
-    out = []
-    for met in report.metrics:
-        for split in SPLITS:
-            series = {m: tuple(np.array([(p["steps"], p["mean"]["value"], p["mean"]["low"], p["mean"]["high"])
-                                         for p in pts]).T)
-                      for m, d in report.data["methods"].items() if (pts := d["curves"][split][met])}
-            if series:
-                out.append(plots.interval_curves(series, Path(out_dir) / f"report_curve_{met}_{split}.png",
-                                                 title=f"{report.title}: {met} on {split} (95% CI over seeds)",
-                                                 xlabel="environment steps trained", ylabel=met))
-            rows = [(m, d["metrics"][met][split]["mean"]) for m, d in report.data["methods"].items()
-                    if d["metrics"][met][split]]
-            if not rows:
-                continue
-            path = plots.interval_bars([m for m, _ in rows], [e["value"] for _, e in rows], [e["low"] for _, e in rows],
-                                       [e["high"] for _, e in rows], Path(out_dir) / f"report_{met}_{split}.png",
-                                       title=f"{report.title}: {met} on {split} (95% CI)", ylabel=met)
-            out.append(path)
-    report.plots += [str(p) for p in out]
-    return out
-
-
-def render(report: Report, fmt: str) -> str:
-    """Render as md / csv / json / html text (``table`` is rendered by ``to_rich``)."""
-    if fmt == "json":
-        return dumps({**report.data, "plots": report.plots})
-    if fmt == "md":
-        parts = []
-        for t in report.tables:
-            parts.append(f"### {t.title}\n\n| " + " | ".join(t.columns) + " |\n|" + "---|" * len(t.columns) + "\n"
-                         + "".join("| " + " | ".join(r) + " |\n" for r in t.rows))
-        return "\n".join(parts)
-    if fmt == "csv":
-        buf = io.StringIO()
-        w = csv.writer(buf)
-        for t in report.tables:
-            w.writerow([t.title])
-            w.writerow(t.columns)
-            w.writerows(t.rows)
-            w.writerow([])
-        return buf.getvalue()
-    if fmt == "html":
-        parts = [f"<html><head><meta charset='utf-8'><title>{html.escape(report.title)}</title></head><body>"]
-        for t in report.tables:
-            parts.append(f"<h3>{html.escape(t.title)}</h3><table border='1'><tr>"
-                         + "".join(f"<th>{html.escape(c)}</th>" for c in t.columns) + "</tr>"
-                         + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in t.rows)
-                         + "</table>")
-        parts += [f"<p><img src='{html.escape(Path(p).name)}'></p>" for p in report.plots]
-        return "\n".join(parts + ["</body></html>"])
-    raise ExperimentError(f"format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
-
-
-def to_rich(tables: Sequence[Table]):
-    """rich Tables for the console: compact, the first column never cut, an interval on its own line."""
-    out = []
-    for t in tables:
-        rt = RichTable(title=t.title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-        for i, c in enumerate(t.columns):
-            rt.add_column(c, no_wrap=i == 0, min_width=max(map(len, c.split())))  # headers wrap, never cut
-        for r in t.rows:
-            rt.add_row(*(c.replace(" [", "\n[") for c in r))
-        out.append(rt)
-    return out
 
 
 def build_report(store, experiment: int | str | None = None, by: str = "algo", baseline: str | None = None,

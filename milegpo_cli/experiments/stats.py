@@ -60,6 +60,13 @@ class Summary:
         return {"n": self.n, "mean": self.mean.to_dict(), "std": self.std, "iqm": self.iqm.to_dict()}
 
 
+def format_interval(value: float, low: float, high: float, digits: int = 2, scale: float = 1.0,
+                    signed: bool = False) -> str:
+    """``value [low, high]``, each times ``scale``, with ``digits`` decimals (``signed``: a + on positives)."""
+    spec = f"{'+' if signed else ''}.{digits}f"
+    return f"{value * scale:{spec}} [{low * scale:{spec}}, {high * scale:{spec}}]"
+
+
 def _as_strata(strata: Sequence[Sequence[float]] | np.ndarray) -> list[np.ndarray]:
     """One float array per stratum; a flat sequence of numbers is a single stratum."""
     arr = [np.asarray(s, dtype=float) for s in strata]

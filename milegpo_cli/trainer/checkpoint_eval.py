@@ -2,18 +2,44 @@
 optionally record the rollouts (docs/rollouts.md)."""
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+from envs.faults import fault_point
 from milegpo_cli.config import Config
+from milegpo_cli.errors import MilegpoError
 from milegpo_cli.run_folder import relative_to_folder, reroot
 from milegpo_cli.trainer.builders import build_policy, build_suite, make_accelerator
-from milegpo_cli.trainer.checkpoint import check_owner, find_checkpoint
+from milegpo_cli.trainer.checkpoint import Checkpoint, check_owner, find_checkpoint, list_checkpoints
 from milegpo_cli.trainer.episode_records import episode_record, to_rollout
 from milegpo_cli.trainer.evaluation import run_evaluation
 from milegpo_cli.trainer.resume import checkpoint_root
 from milegpo_cli.trainer.seeding import derive_seed
 from milegpo_cli.trainer.threads import fit_to_cores, set_threads
+
+READ_TRIES = 3  # reads of the newest checkpoint while a training run prunes them
+
+
+def read_checkpoint(config: Config, run_id: int, iteration: int | None, device, console) -> tuple[Checkpoint, Any]:
+    """Checkpoint ``iteration`` (the newest when None) and its policy. A run still training prunes
+    its older checkpoints (``checkpoint.keep``): when the newest disappears while it is read, the
+    then-newest is read instead and the console says so (at most twice)."""
+    root = checkpoint_root(config, run_id)
+    for attempt in range(READ_TRIES):
+        listed = list_checkpoints(root)
+        try:
+            ckpt = find_checkpoint(root, iteration)
+            if fault_point("rollout.checkpoint_read"):  # test-only: the trainer prunes it now (envs/faults.py)
+                shutil.rmtree(ckpt.path)
+            return ckpt, build_policy(config, None, device, ckpt.policy_dir)
+        except (MilegpoError, OSError) as err:
+            if iteration is not None or not listed or listed[-1][1].exists() or attempt == READ_TRIES - 1:
+                raise
+            console.print(f"[yellow]run {run_id}: checkpoint {listed[-1][0]} was removed while it was read (its "
+                          f"training run prunes old checkpoints; {' '.join(str(err).split())[:120]}); reading the "
+                          "newest again[/yellow]", soft_wrap=True)
 
 
 def evaluate(store, run_id: int | str, split: str, episodes: int, checkpoint: int | None = None,
@@ -31,13 +57,12 @@ def evaluate(store, run_id: int | str, split: str, episodes: int, checkpoint: in
     if episodes < 1:
         raise ValueError(f"episodes: must be >= 1, got {episodes}")
     check_owner(checkpoint_root(config, rid), row.get("mlflow_run_id"))
-    ckpt = find_checkpoint(checkpoint_root(config, rid), checkpoint)
     set_threads(config.run.threads)
     config = fit_to_cores(config)
+    ckpt, policy = read_checkpoint(config, rid, checkpoint, make_accelerator(config).device, console)
     suite = build_suite(config)
     venv = suite.make_vector_env(min(episodes, 32), oracle=True)
     try:
-        policy = build_policy(config, suite, make_accelerator(config).device, ckpt.policy_dir)
         metrics, played = run_evaluation(config, policy, venv, suite, split, episodes,
                                          seed=derive_seed(config.run.seed, "rollout", ckpt.iteration, split))
     finally:
