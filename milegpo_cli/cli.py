@@ -191,6 +191,7 @@ def train(recipe: RecipeOpt = "alfworld", sets: SetOpt = None, algo: AlgoOpt = N
     probe_server(mlflow_uri or config.store.mlflow_uri)  # in seconds, before the trainer loads (docs/reliability.md)
     train_fn = _engine("milegpo_cli.trainer.loop", "train")
     run_id = train_fn(config, store, mlflow_uri or config.store.mlflow_uri, resume_id, console)
+    store.quick_check()  # a store damaged under the run is said now (docs/reliability.md)
     console.print(f"run {run_id} done  (milegpo runs show {run_id})")
 
 

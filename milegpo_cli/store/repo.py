@@ -336,6 +336,19 @@ class RunStore:
                 raise StoreError(self.why(err)) from None
             raise
 
+    def quick_check(self) -> None:
+        """SQLite's ``PRAGMA quick_check`` (linear in the file, no index rebuild): a store damaged under the
+        command (truncated, overwritten) is one line now, not at the next command. Other backends: nothing."""
+        if self.engine.dialect.name != "sqlite":
+            return
+        try:
+            with self.engine.connect() as conn:
+                found = conn.execute(text("PRAGMA quick_check(3)")).scalars().all()
+        except DBAPIError as err:
+            raise StoreError(self.why(err)) from None
+        if found != ["ok"]:
+            raise self._damaged(f"PRAGMA quick_check: {'; '.join(' '.join(str(f).split()) for f in found)}")
+
     def unreachable(self, err: DBAPIError) -> StoreError:
         """One line on a store whose server does not answer (:func:`connection_lost`)."""
         reason = " ".join(str(err.orig).split())
