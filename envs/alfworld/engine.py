@@ -539,6 +539,10 @@ class AlfworldVectorEnv(VectorEnv):
         self._answers: dict[tuple[int, int], list] = {}  # (ticket id, worker) -> answer read early
         self._sent = 0
         self._ctx = mp.get_context("spawn")
+        if self.backend == "ray" and self.workers:  # actors that can never be placed: one line, not a 120 s hang
+            from envs.alfworld import ray_workers
+
+            ray_workers.check_room(self.workers, ray_resource, ray_cpus)
         for w in range(self.workers):
             self._spawn(w)
         self._active = [False] * num_envs
