@@ -31,6 +31,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import signal
 import sys
 import traceback
 import zlib
@@ -479,19 +480,22 @@ def serve(envs: dict[int, GameEnv], cache, experts, max_steps, cmd: str, items) 
 
 
 def _worker(conn, experts, max_steps, cache_size) -> None:
+    """A worker process's loop. It ends quietly when its parent is gone (a closed pipe), and leaves
+    Ctrl-C to the parent, which stops it: no traceback of a worker in the run's log."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     envs: dict[int, GameEnv] = {}
     cache = transition_cache(cache_size) if cache_size else None
-    while True:
-        try:
+    try:
+        while True:
             cmd, items = conn.recv()
-        except EOFError:
-            return
-        if cmd == "close":
-            for e in envs.values():
-                e.close()
-            conn.send(None)
-            return
-        conn.send(serve(envs, cache, experts, max_steps, cmd, items))
+            if cmd == "close":
+                for e in envs.values():
+                    e.close()
+                conn.send(None)
+                return
+            conn.send(serve(envs, cache, experts, max_steps, cmd, items))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return
 
 
 @dataclass
