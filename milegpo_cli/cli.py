@@ -133,7 +133,7 @@ def _engine_data(root: str | Path) -> None:
 
 def _store(db: str | None, runs_dir: Path | None, *, create: bool = False, reader: bool = False):
     """The run store. Only ``create`` (a new training run, ablate) makes one where there is none;
-    a ``reader`` opens a store it cannot write read-only (store/repo.py)."""
+    a ``reader`` opens a store it cannot write read-only (store/database.py)."""
     from milegpo_cli.store import RunStore
 
     store = RunStore(db or default_db_url(runs_dir or "runs"), create=create, reader=reader)
