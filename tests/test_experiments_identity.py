@@ -101,3 +101,25 @@ def test_two_identical_commands_at_once_train_each_member_once(tmp_path):
         runs = store.list_runs()
         assert len(runs) == 2 and all(r["status"] == "finished" and r["iterations"] == 1 for r in runs)
         assert all(len(store.iterations(r["id"])) == 1 for r in runs)
+
+
+def test_mlflow_artifacts_follow_a_moved_folder(tmp_path):
+    """A run folder moved: its MLflow store's artifact locations follow it (the old folder was re-created
+    by the next artifact) and the artifacts logged before the move are read from the new place."""
+    from milegpo_cli.store.tracking import Tracker
+
+    old, new = tmp_path / "old" / "runs", tmp_path / "new" / "runs"
+    tracker = Tracker(f"sqlite:///{old / 'mlflow.db'}")
+    first = tracker.start_run("before", params={"a": 1})
+    tracker.end()
+    shutil.move(tmp_path / "old", tmp_path / "new")
+    tracker = Tracker(f"sqlite:///{new / 'mlflow.db'}")
+    second = tracker.start_run("after", params={"a": 2})
+    tracker.end()
+    assert not (tmp_path / "old").exists()
+    client = tracker.client
+    for run_id in (first, second):
+        uri = client.get_run(run_id).info.artifact_uri
+        assert uri.startswith((new / "mlartifacts").as_uri()), uri
+        assert [a.path for a in client.list_artifacts(run_id)] == ["config.json"]
+    assert client.get_experiment(tracker.experiment_id).artifact_location == (new / "mlartifacts").resolve().as_uri()
