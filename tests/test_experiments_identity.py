@@ -69,6 +69,9 @@ def test_a_kill_during_registration_then_a_move_resumes_the_same_member(tmp_path
                          timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "resuming experiment 1" in res.stdout
+    # a log, not a terminal: one message per line (it wrapped at 80 columns), no escape codes
+    assert any("at the start ->" in line and "at iteration 1" in line for line in res.stdout.splitlines()), res.stdout
+    assert "\x1b" not in res.stdout
     with RunStore(f"sqlite:///{moved / 'milegpo.db'}") as store:
         assert len(store.list_experiments()) == 1
         [run] = store.list_runs()
