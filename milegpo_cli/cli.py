@@ -119,7 +119,7 @@ def _engine_data(root: str | Path) -> None:
 
 def _store(db: str | None, runs_dir: Path | None, *, create: bool = False, reader: bool = False):
     """The run store. Only ``create`` (a new training run, ablate) makes one where there is none;
-    a ``reader`` opens a store it cannot write read-only (store/repo.py)."""
+    a ``reader`` opens a store it cannot write read-only (store/database.py)."""
     from milegpo_cli.store import RunStore
 
     store = RunStore(db or default_db_url(runs_dir or "runs"), create=create, reader=reader)
@@ -194,6 +194,7 @@ def train(ctx: typer.Context, recipe: RecipeOpt = "alfworld", sets: SetOpt = Non
     from milegpo_cli.trainer.loop import train as train_run
 
     run_id = train_run(config, store, mlflow_uri or config.store.mlflow_uri, resume_id, console)
+    store.quick_check()  # a store damaged under the run is said now (docs/reliability.md)
     console.print(f"run {run_id} done  (milegpo runs show {run_id})")
 
 

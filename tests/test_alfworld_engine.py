@@ -229,3 +229,22 @@ def test_expert_walkthroughs_do_not_depend_on_the_games_beside_them(tasks):
     alone = walk(1, 0)
     assert len(alone) > 20
     assert walk(3, 0) == alone and walk(6, 2) == alone
+
+
+def test_a_worker_whose_parent_is_gone_ends_quietly(capfd):
+    """The parent closed its end (killed) before the answer: the worker ends with exit 0 and writes
+    nothing (a BrokenPipeError traceback landed in the run's log before)."""
+    import multiprocessing as mp
+
+    from envs.alfworld.engine import _worker
+
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_worker, args=(child, [None], 5, 0), daemon=True)
+    proc.start()
+    child.close()
+    parent.send(("close", None))
+    parent.close()
+    proc.join(timeout=120)
+    assert proc.exitcode == 0
+    assert "Traceback" not in capfd.readouterr().err

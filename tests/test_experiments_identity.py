@@ -69,6 +69,9 @@ def test_a_kill_during_registration_then_a_move_resumes_the_same_member(tmp_path
                          timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "resuming experiment 1" in res.stdout
+    # a log, not a terminal: one message per line (it wrapped at 80 columns), no escape codes
+    assert any("at the start ->" in line and "at iteration 1" in line for line in res.stdout.splitlines()), res.stdout
+    assert "\x1b" not in res.stdout
     with RunStore(f"sqlite:///{moved / 'milegpo.db'}") as store:
         assert len(store.list_experiments()) == 1
         [run] = store.list_runs()
@@ -101,3 +104,25 @@ def test_two_identical_commands_at_once_train_each_member_once(tmp_path):
         runs = store.list_runs()
         assert len(runs) == 2 and all(r["status"] == "finished" and r["iterations"] == 1 for r in runs)
         assert all(len(store.iterations(r["id"])) == 1 for r in runs)
+
+
+def test_mlflow_artifacts_follow_a_moved_folder(tmp_path):
+    """A run folder moved: its MLflow store's artifact locations follow it (the old folder was re-created
+    by the next artifact) and the artifacts logged before the move are read from the new place."""
+    from milegpo_cli.store.tracking import Tracker
+
+    old, new = tmp_path / "old" / "runs", tmp_path / "new" / "runs"
+    tracker = Tracker(f"sqlite:///{old / 'mlflow.db'}")
+    first = tracker.start_run("before", params={"a": 1})
+    tracker.end()
+    shutil.move(tmp_path / "old", tmp_path / "new")
+    tracker = Tracker(f"sqlite:///{new / 'mlflow.db'}")
+    second = tracker.start_run("after", params={"a": 2})
+    tracker.end()
+    assert not (tmp_path / "old").exists()
+    client = tracker.client
+    for run_id in (first, second):
+        uri = client.get_run(run_id).info.artifact_uri
+        assert uri.startswith((new / "mlartifacts").as_uri()), uri
+        assert [a.path for a in client.list_artifacts(run_id)] == ["config.json"]
+    assert client.get_experiment(tracker.experiment_id).artifact_location == (new / "mlartifacts").resolve().as_uri()

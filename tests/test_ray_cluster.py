@@ -237,3 +237,24 @@ def test_a_member_on_a_node_without_its_folder_is_not_retried(cluster, tmp_path)
         assert answer.startswith(f"folder {tmp_path / 'not-here'} is not seen by node "), answer
     finally:
         ray_dispatch.disconnect()
+
+
+def test_engine_actors_that_cannot_be_placed_are_one_line(cluster):
+    """Two actors of 1 CPU on the one 1-CPU node carrying env_host: refused within the placement timeout
+    naming what does not fit where (a 120 s EngineTimeout traceback after nearly 5 minutes before)."""
+    from envs.alfworld.engine import AlfworldVectorEnv
+    from envs.alfworld.ray_workers import PLACE_TIMEOUT_S
+    from envs.base import EnvError
+    from milegpo_cli.experiments import ray_dispatch
+
+    ray_dispatch.connect(cluster.address)
+    try:
+        start = time.monotonic()
+        with pytest.raises(EnvError, match=r"2 engine actors of 1 CPUs \(env.alfworld.ray_worker_cpus\) do not fit on "
+                                           r"the 1 node\(s\) with 'env_host' \(1 CPUs in all"):
+            AlfworldVectorEnv(4, workers=2, backend="ray", ray_resource="env_host", ray_cpus=1.0)
+        assert time.monotonic() - start < PLACE_TIMEOUT_S + 15
+        ok = AlfworldVectorEnv(4, workers=2, backend="ray", ray_resource="env_host", ray_cpus=0.25)  # the room is free
+        ok.close()
+    finally:
+        ray_dispatch.disconnect()

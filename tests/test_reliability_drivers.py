@@ -52,7 +52,7 @@ def _stop_and_check(proc: subprocess.Popen, sig: int, root: Path, n: int) -> str
     assert "resume it by running the same command again" in out and "Traceback" not in out, out[-3000:]
     runs = store.list_runs()
     assert [r["status"] for r in runs] == ["killed"] * n, out[-3000:]
-    assert all(r["lock_pid"] is None for r in runs) if "lock_pid" in runs[0] else True
+    assert all(r["lock_pid"] is None for r in runs)
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
@@ -120,3 +120,26 @@ def test_a_bad_connect_timeout_is_one_line(tmp_path):
                 env={"MILEGPO_RAY_CONNECT_TIMEOUT": "soon"})
     err = proc.communicate(timeout=120)[1]
     assert proc.returncode == 2 and err == "error: MILEGPO_RAY_CONNECT_TIMEOUT='soon': must be a number of seconds > 0\n"
+
+
+@pytest.mark.slow
+def test_sighup_to_train_marks_the_run_killed(tmp_path):
+    """The terminal closed under `train` (SIGHUP): the run is `killed` in the store and MLflow, its lock
+    released, one line with the command that resumes it (it ended with exit 129, the run `running`)."""
+    proc = _cli("train", "--recipe", "webshop", *LONG, "--runs-dir", str(tmp_path), stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not list_checkpoints(tmp_path / "checkpoints" / "run_1"):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1].startswith("run 1 stopped (marked killed); resume "
+                                                                             "it with: milegpo train --resume 1"), err
+    store = RunStore(f"sqlite:///{tmp_path / 'milegpo.db'}")
+    [run] = store.list_runs()
+    assert run["status"] == "killed" and run["lock_pid"] is None
+    from mlflow.tracking import MlflowClient
+
+    assert MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run["mlflow_run_id"]).info.status == "KILLED"
+    store.close()

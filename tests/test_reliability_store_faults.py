@@ -4,6 +4,7 @@ store's own journal names. Each is one line, the run marked failed and resumable
 ``chattr +i`` (root only; skipped where they are not allowed)."""
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -85,3 +86,23 @@ def test_backup_onto_the_stores_own_side_files_is_refused(tmp_path, side):
     assert not (tmp_path / f"milegpo.db{side}").exists()
     with RunStore(f"sqlite:///{db}") as store:
         assert [r["name"] for r in store.list_runs()] == ["r"]
+
+
+def test_quick_check_names_a_store_damaged_under_the_command(tmp_path):
+    """What ``train`` runs when its run ends: a store truncated under the command is one line now (only
+    the next command noticed before), an intact store passes."""
+    from milegpo_cli.errors import StoreError
+    from milegpo_cli.store import RunStore
+
+    db = tmp_path / "milegpo.db"
+    with RunStore(f"sqlite:///{db}", create=True) as store:
+        for i in range(300):
+            store.create_run(name=f"run-{i}-" + "x" * 200, algo="grpo")
+        store.quick_check()
+    store = RunStore(f"sqlite:///{db}")  # a command's store, open and intact
+    try:
+        os.truncate(db, db.stat().st_size // 2)  # truncated under the command (a stray copy, a full disk)
+        with pytest.raises(StoreError, match=r"is damaged"):
+            store.quick_check()
+    finally:
+        store.engine.dispose()

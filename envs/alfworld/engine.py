@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import traceback
 from collections import deque
 from dataclasses import dataclass
@@ -18,19 +19,22 @@ from envs.alfworld.game_env import EngineError, GameEnv, serve, transition_cache
 from envs.base import Observation, StepResult, VectorEnv
 
 def _worker(conn, experts, max_steps, cache_size) -> None:
+    """A worker process's loop. It ends quietly when its parent is gone (a closed pipe), and leaves
+    Ctrl-C to the parent, which stops it: no traceback of a worker in the run's log."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     envs: dict[int, GameEnv] = {}
     cache = transition_cache(cache_size) if cache_size else None
-    while True:
-        try:
+    try:
+        while True:
             cmd, items = conn.recv()
-        except EOFError:
-            return
-        if cmd == "close":
-            for e in envs.values():
-                e.close()
-            conn.send(None)
-            return
-        conn.send(serve(envs, cache, experts, max_steps, cmd, items))
+            if cmd == "close":
+                for e in envs.values():
+                    e.close()
+                conn.send(None)
+                return
+            conn.send(serve(envs, cache, experts, max_steps, cmd, items))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return
 
 
 @dataclass
@@ -78,6 +82,10 @@ class AlfworldVectorEnv(VectorEnv):
         self._answers: dict[tuple[int, int], list] = {}  # (ticket id, worker) -> answer read early
         self._sent = 0
         self._ctx = mp.get_context("spawn")
+        if self.backend == "ray" and self.workers:  # actors that can never be placed: one line, not a 120 s hang
+            from envs.alfworld import ray_workers
+
+            ray_workers.check_room(self.workers, ray_resource, ray_cpus)
         for w in range(self.workers):
             self._spawn(w)
         self._active = [False] * num_envs

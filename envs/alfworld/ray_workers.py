@@ -17,6 +17,7 @@ from envs.alfworld.game_env import GameEnv, serve, transition_cache
 from envs.base import EnvError
 
 RESOURCE_SHARE = 0.01  # of ray_resource per actor
+PLACE_TIMEOUT_S = 20.0  # room for a pool's actors must be found within this (an actor starts in about a second)
 
 
 class EngineActor:
@@ -102,6 +103,33 @@ def connect() -> None:
     except (ConnectionError, RuntimeError) as err:
         raise EnvError(f"env.alfworld.workers_backend = 'ray': no Ray cluster at {address} ({err}); start one "
                        "(ray start --head) or set RAY_ADDRESS") from None
+
+
+def check_room(actors: int, resource: str, cpus: float) -> None:
+    """Refuse (EnvError, one line) ``actors`` engine actors of ``cpus`` CPUs (and a share of ``resource``)
+    that the cluster cannot place now: a placement group of one bundle per actor must be ready within
+    :data:`PLACE_TIMEOUT_S` (it is removed at once; the actors then take its room)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    connect()
+    bundle = {k: v for k, v in (("CPU", cpus), (resource, RESOURCE_SHARE)) if k and v > 0}
+    if not bundle:
+        return
+    group = placement_group([bundle] * actors, strategy="SPREAD")
+    try:
+        placed = group.wait(timeout_seconds=PLACE_TIMEOUT_S)
+    finally:
+        remove_placement_group(group)
+    if placed:
+        return
+    nodes = [n for n in ray.nodes() if n["Alive"] and (not resource or resource in n["Resources"])]
+    where = f"the {len(nodes)} node(s) with {resource!r}" if resource else f"the {len(nodes)} node(s)"
+    total = sum(n["Resources"].get("CPU", 0.0) for n in nodes)
+    raise EnvError(f"env.alfworld.workers_backend = 'ray': {actors} engine actors of {cpus:g} CPUs "
+                   f"(env.alfworld.ray_worker_cpus) do not fit on {where} ({total:g} CPUs in all, some held by "
+                   f"other work) within {PLACE_TIMEOUT_S:g} s; lower env.alfworld.workers or ray_worker_cpus, or "
+                   "add nodes")
 
 
 def spawn(experts, max_steps: int, cache_size: int, resource: str, cpus: float) -> tuple[ActorHandle, ActorConn]:

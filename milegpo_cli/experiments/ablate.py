@@ -5,21 +5,18 @@ is ``ablate-<recipe>-<sha of the spec>``, so running the same command again find
 it: finished members are skipped, unfinished ones continue via ``train(resume_run=...)`` from
 their last checkpoint. Members are pre-registered in the store (with the experiment id) and in
 MLflow (child runs tagged ``mlflow.parentRunId`` under the experiment's parent run) before they
-train, so a crash at any point leaves nothing to duplicate. ``parallel > 1`` trains members in
-``milegpo train --resume RUN`` subprocesses; ``ray`` runs those subprocesses as Ray tasks on a
-cluster (experiments/ray_dispatch.py). ``milegpo sweep`` (experiments/sweep.py) runs a grid of
+train, so a crash at any point leaves nothing to duplicate. This module plans; members train in this
+process or ``parallel`` ``milegpo train --resume RUN`` subprocesses (experiments/local_dispatch.py),
+or as Ray tasks on a cluster (``ray``, experiments/ray_dispatch.py). ``milegpo sweep`` (experiments/sweep.py) runs a grid of
 config values through the same machinery (:func:`run_experiment`). Members train seed by seed (every variant's seed 0, then
 seed 1, ...), so an experiment interrupted part way holds whole seeds of every variant: its
 comparisons stay paired.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import os
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -29,11 +26,11 @@ from rich.table import Table as RichTable
 from milegpo_cli.config import Config
 from milegpo_cli.credit.config import RECIPE_SETTINGS, canonical_drop
 from milegpo_cli.errors import ExperimentStopped, RunNotFound
-from milegpo_cli.store.locks import ExperimentLock
+from milegpo_cli.experiments import local_dispatch
 from milegpo_cli.experiments.diagnostics import BASELINES, DEFAULT_ABLATIONS
 from milegpo_cli.experiments.runs import ExperimentError, dotted
 from milegpo_cli.run_folder import reroot
-from milegpo_cli.cores import CORES_ENV, member_share, process_cores
+from milegpo_cli.store.locks import ExperimentLock
 
 
 @dataclass(frozen=True)
@@ -247,7 +244,8 @@ def _run_locked(config: Config, store, tracker_uri: str | None, ms: Sequence[Mem
         if dispatch is not None:
             failed = dispatch.train_members(store, todo, config.run.threads, ray, console)
         else:
-            failed = _train_members(config, store, tracker_uri, todo, parallel, console)
+            failed = local_dispatch.train_members(store, todo, parallel, console, tracker_uri,
+                                                  functools.partial(member_config, config))
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP (cli.main): members were stopped and marked killed
         if tracker is not None:
             tracker.run_id = parent
@@ -286,76 +284,3 @@ def _connect(ray, store, mlflow_uri: str, runs_dir: str, threads: int):
         ray_dispatch.disconnect()
         raise
     return ray_dispatch
-
-
-def _train_members(config: Config, store, tracker_uri: str | None, todo: list[tuple[Member, int]], parallel: int,
-                   console) -> list[str]:
-    """Train the unfinished members, in this process or ``parallel`` subprocesses; returns the failures."""
-    from milegpo_cli.trainer.loop import train
-
-    if parallel > 1:
-        return _train_parallel(store, todo, parallel, console)
-    failed: list[str] = []
-    for m, rid in todo:
-        console.print(f"[bold]member {m.label}[/bold] (run {rid})")
-        try:
-            train(member_config(config, m), store, tracker_uri, resume_run=rid, console=console)
-        except Exception as err:  # noqa: BLE001 - one failed member must not stop the others
-            console.print(f"[red]member {m.label} (run {rid}) failed: {err}[/red]")
-            failed.append(f"{m.label} (run {rid}: {type(err).__name__}: {err})")
-    return failed
-
-
-def _train_parallel(store, todo: list[tuple[Member, int]], parallel: int, console) -> list[str]:
-    """``milegpo train --resume RUN`` subprocesses, at most ``parallel`` at a time; logs beside the store.
-    Interrupted (Ctrl-C, SIGTERM), it stops the running members, which mark their runs killed."""
-    running: list[tuple[Member, int, subprocess.Popen, object]] = []
-    try:
-        return _supervise(store, list(todo), running, parallel, console)
-    except BaseException:
-        _stop(running, console)
-        raise
-
-
-def _stop(running: list[tuple[Member, int, subprocess.Popen, object]], console, grace_s: float = 60.0) -> None:
-    """SIGTERM every running member (``milegpo train`` treats it as Ctrl-C), then SIGKILL after ``grace_s``."""
-    for _, _, proc, _ in running:
-        if proc.poll() is None:
-            proc.terminate()
-    for m, rid, proc, log in running:
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        console.print(f"stopped {m.label} (run {rid}), exit {proc.returncode}")
-
-
-def _supervise(store, queue: list[tuple[Member, int]], running: list, parallel: int, console) -> list[str]:
-    """Keep ``parallel`` members running until ``queue`` is empty; returns the failures."""
-    failed: list[str] = []
-    while queue or running:
-        while queue and len(running) < parallel:
-            m, rid = queue.pop(0)
-            row = store.get_run(rid)
-            log_dir = Path((row["config"].get("store") or {}).get("root") or "runs") / "logs"
-            log_dir.mkdir(parents=True, exist_ok=True)
-            log = open(log_dir / f"run{rid}.log", "ab")
-            cmd = [sys.executable, "-m", "milegpo_cli", "train", "--resume", str(rid), "--db", store.url]
-            # its own session: a Ctrl-C reaches this process only, and :func:`_stop` signals each member once;
-            # its share of this process's cores (milegpo_cli/cores.py)
-            env = {**os.environ, CORES_ENV: str(member_share(process_cores(), parallel))}
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-            running.append((m, rid, proc, log))
-            console.print(f"started {m.label} (run {rid}), log {log.name}")
-        time.sleep(1.0)
-        for item in list(running):
-            m, rid, proc, log = item
-            if proc.poll() is not None:
-                log.close()
-                running.remove(item)
-                if proc.returncode != 0:
-                    failed.append(f"{m.label} (run {rid}: exit {proc.returncode}, see {log.name})")
-                console.print(f"{m.label} (run {rid}) exited {proc.returncode}")
-    return failed

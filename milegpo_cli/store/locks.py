@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from milegpo_cli.errors import RunNotFound, StoreError
 from milegpo_cli.interrupts import deferred_interrupts
 from milegpo_cli.store.models import Experiment, Run
-from milegpo_cli.store.repo import connection_lost, unusable
+from milegpo_cli.store.database import connection_lost, unusable
 
 HEARTBEAT_S = 30.0
 STALE_S = 120.0

@@ -2,7 +2,7 @@
 
 Bump :data:`SCHEMA_VERSION` with every change to these tables and add the step that upgrades the
 previous version in place to migrations.py; a store written by a newer version is refused with a
-clear error (repo.py).
+clear error (database.py).
 """
 from __future__ import annotations
 

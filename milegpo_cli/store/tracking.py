@@ -26,6 +26,7 @@ import math
 import numbers
 import os
 import re
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -129,6 +130,25 @@ def _artifact_root(tracking_uri: str) -> str | None:
     return None
 
 
+def _follow_moved_folder(db: Path, root: str) -> None:
+    """Artifacts of a local sqlite store live beside it: when the folder was moved or copied, the
+    locations its experiments and runs recorded (``file:///old/mlartifacts/...``) are rewritten to
+    ``root``, so that nothing is written to, or re-created at, the old place."""
+    con = sqlite3.connect(db, timeout=60)
+    try:
+        with con:
+            olds = {loc for (loc,) in con.execute("SELECT artifact_location FROM experiments")
+                    if loc and loc.startswith("file://") and loc.endswith("/mlartifacts") and loc != root}
+            for old in olds:
+                con.execute("UPDATE experiments SET artifact_location = ? WHERE artifact_location = ?", (root, old))
+                con.execute("UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) WHERE substr(artifact_uri, 1, ?) "
+                            "= ?", (root, len(old) + 1, len(old) + 1, old + "/"))
+    except sqlite3.Error:  # not (yet) an MLflow store of this layout: MLflow itself will say what is wrong
+        pass
+    finally:
+        con.close()
+
+
 @contextlib.contextmanager
 def _creation_lock(tracking_uri: str):
     """Open a local sqlite store safely (docs/reliability.md): processes take turns (MLflow creates
@@ -151,6 +171,8 @@ def _creation_lock(tracking_uri: str):
                 tmp = db.with_name(f".{db.name}.{os.getpid()}.tmp")
                 MlflowClient(f"sqlite:///{tmp}").search_experiments(max_results=1)  # creates + migrates
                 os.replace(tmp, db)
+            else:
+                _follow_moved_folder(db, _artifact_root(tracking_uri))
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
