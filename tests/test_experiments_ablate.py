@@ -111,3 +111,20 @@ def test_graphgpo_and_hgpo_baseline_rows_run_their_recipes():
                 graph.step_norm) == ("verl-agent", gamma_g, "observed", "farthest", True, "mean_std")
         hgpo = member_config(config, Member("hgpo", (), 0)).credit
         assert (hgpo.preset, hgpo.step_norm, hgpo.hgpo_history, hgpo.anchor_visits) == ("verl-agent", hgpo_norm, 2, False)
+
+
+def test_more_seeds_extend_the_experiment_without_retraining(tmp_path):
+    """`--seeds 2` after `--seeds 1`: the same experiment, seed 0's run kept as it was (same id, not
+    trained again), seed 1 registered and trained; `--seeds 1` again trains nothing and keeps both."""
+    config = load_config("webshop", [*TINY, f"store.root={json.dumps(str(tmp_path))}"])
+    store = RunStore(config.store.db)
+    exp_id = run_ablate(config, store, None, [], 1, quiet())
+    [first] = store.list_runs(exp_id)
+    first_iterations = store.iterations(first["id"])
+    assert run_ablate(config, store, None, [], 2, quiet()) == exp_id
+    runs = sorted(store.list_runs(exp_id), key=lambda r: r["seed"])
+    assert [(r["id"], r["seed"], r["status"]) for r in runs] == [(first["id"], 0, "finished"), (runs[1]["id"], 1, "finished")]
+    assert store.iterations(first["id"]) == first_iterations  # seed 0 not trained again
+    assert run_ablate(config, store, None, [], 1, quiet()) == exp_id
+    assert len(store.list_runs(exp_id)) == 2
+    assert len(store.list_experiments()) == 1

@@ -1,9 +1,9 @@
 """``milegpo ablate``: the full method, each ablation (and optional baselines) over seeds, as one experiment.
 
-An experiment is identified by its spec (base config, ablations, baseline algos, seeds): its name
-is ``ablate-<recipe>-<sha of the spec>``, so running the same command again finds it and resumes
+An experiment is identified by its spec (base config, ablations, baseline algos; not its seeds): its
+name is ``ablate-<recipe>-<sha of the spec>``, so running the same command again finds it and resumes
 it: finished members are skipped, unfinished ones continue via ``train(resume_run=...)`` from
-their last checkpoint. Members are pre-registered in the store (with the experiment id) and in
+their last checkpoint, and a larger ``--seeds`` adds the new seeds' members to it. Members are pre-registered in the store (with the experiment id) and in
 MLflow (child runs tagged ``mlflow.parentRunId`` under the experiment's parent run) before they
 train, so a crash at any point leaves nothing to duplicate. This module plans; members train in this
 process or ``parallel`` ``milegpo train --resume RUN`` subprocesses (experiments/local_dispatch.py),
@@ -106,17 +106,25 @@ FOLDER = "<runs-dir>"  # the run folder in an experiment's spec: its identity do
 
 
 def spec_of(config: Config, ms: Sequence[Member], legacy: bool = False) -> dict:
-    """What identifies an experiment: its base config and members. Not the store, the MLflow store,
-    the run folder (paths derived from it are written under :data:`FOLDER`) nor how the recipe was
-    named (``alfworld`` or ``recipes/alfworld.toml``), so a moved folder or a path typed otherwise
-    finds the same experiment. ``legacy``: the spec of milegpo before issue 45, which held all of them."""
+    """What identifies an experiment: its base config and variants (algo, dropped components, grid
+    values). Not its seeds, so a rerun with more ``--seeds`` extends it (seeds 5-9 join a 5-seed
+    experiment; 0-4 are not trained again); not the store, the MLflow store, the run folder (paths
+    derived from it are written under :data:`FOLDER`) nor how the recipe was named (``alfworld`` or
+    ``recipes/alfworld.toml``), so a moved folder or a path typed otherwise finds the same experiment.
+    ``legacy``: the spec of milegpo before issue 45, which held all of them and every member's seed."""
     if legacy:
         base = config.to_dict()
-    else:
-        base = reroot(config, FOLDER).to_dict()
-        del base["store"], base["recipe"]
+        base["run"].update(seed=0, name="")
+        return {"base": base, "members": [[m.algo, list(m.drop), m.seed] + ([dict(m.sets)] if m.sets else [])
+                                          for m in ms]}
+    base = reroot(config, FOLDER).to_dict()
+    del base["store"], base["recipe"]
     base["run"].update(seed=0, name="")
-    return {"base": base, "members": [[m.algo, list(m.drop), m.seed] + ([dict(m.sets)] if m.sets else []) for m in ms]}
+    variants: list[list] = []
+    for m in ms:
+        if (v := [m.algo, list(m.drop)] + ([dict(m.sets)] if m.sets else [])) not in variants:
+            variants.append(v)
+    return {"base": base, "variants": variants}
 
 
 def experiment_name(config: Config, spec: dict, kind: str = "ablate") -> str:

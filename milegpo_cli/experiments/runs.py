@@ -174,9 +174,11 @@ def experiment_runs(store, ref: int | str) -> tuple[dict, list[RunData]]:
 
 
 def grid_keys(exp: dict) -> list[str]:
-    """The config keys a sweep experiment varies (its spec's members carry {key: value}); [] otherwise."""
-    members = (exp.get("config") or {}).get("members") or []
-    return sorted({k for m in members if len(m) > 3 for k in m[3]})
+    """The config keys a sweep experiment varies (its spec's variants, or an older spec's members, carry
+    {key: value}); [] otherwise."""
+    spec = exp.get("config") or {}
+    variants = spec.get("variants") or [m[:2] + m[3:] for m in spec.get("members") or []]
+    return sorted({k for v in variants if len(v) > 2 for k in v[2]})
 
 
 def grid_label(config: dict, keys: Sequence[str]) -> str:
