@@ -81,9 +81,9 @@ def train_with_server_events(tmp_path, monkeypatch, server: Server, events: dict
                                       f"store.root={json.dumps(str(tmp_path))}", f"store.mlflow_uri={json.dumps(server.uri)}"])
     real = loop.train_iteration
 
-    def with_events(cfg, *args):
+    def with_events(cfg, *args, **kw):
         events.pop(args[-1], lambda: None)()
-        return real(cfg, *args)
+        return real(cfg, *args, **kw)
 
     monkeypatch.setattr(loop, "train_iteration", with_events)
     store = RunStore(config.store.db)

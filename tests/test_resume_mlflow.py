@@ -61,11 +61,11 @@ def test_train_resume_logs_every_iteration_once(tmp_path, monkeypatch):
     quiet = Console(file=open(os.devnull, "w"), width=120)
     real, calls = loop.train_iteration, []
 
-    def crash_at_4(cfg, *args):  # iteration 3 is stored and logged, its checkpoint never written
+    def crash_at_4(cfg, *args, **kw):  # iteration 3 is stored and logged, its checkpoint never written
         calls.append(args[-1])
         if len(calls) == 4:
             raise KeyboardInterrupt("simulated crash during iteration 4")
-        return real(cfg, *args)
+        return real(cfg, *args, **kw)
 
     monkeypatch.setattr(loop, "train_iteration", crash_at_4)
     with pytest.raises(KeyboardInterrupt):

@@ -65,7 +65,7 @@ def fit_to_cores(config):
     threads, have = r.threads or config.run.threads, budget_cores()
     if env.alfworld.workers_backend == "ray":
         workers = env.alfworld.workers if env.alfworld.workers >= 0 else have
-        plan = cores.Rollout(max(1, min(threads, have)), workers, r.lanes)
+        plan = cores.RolloutPlan(max(1, min(threads, have)), workers, r.lanes)
     else:
         plan = cores.rollout_plan(threads, env.alfworld.workers, r.lanes, have)
     return dataclasses.replace(
