@@ -141,11 +141,11 @@ def member_key(cfg: dict, grid: Sequence[str]) -> tuple:
 
 def _register(store, tracker, cfg: Config, exp_id: int, parent: str | None) -> int:
     """Create the member's store run and its MLflow child run (train() then resumes both)."""
-    from milegpo_cli.trainer.provenance import git_commit as _git_commit, package_versions as _versions, run_name
+    from milegpo_cli.trainer.provenance import git_commit, package_versions, run_name
 
     rid = store.create_run(name=run_name(cfg), algo=cfg.run.algo, seed=cfg.run.seed, recipe=cfg.recipe,
-                           config=cfg.to_dict(), drop=cfg.credit.drop, git_commit=_git_commit(),
-                           versions=_versions(), experiment_id=exp_id)
+                           config=cfg.to_dict(), drop=cfg.credit.drop, git_commit=git_commit(),
+                           versions=package_versions(), experiment_id=exp_id)
     _child_run(store, tracker, cfg, rid, exp_id, parent)
     return rid
 
@@ -154,7 +154,7 @@ def _child_run(store, tracker, cfg: Config, rid: int, exp_id: int, parent: str |
     """Give store run ``rid`` its MLflow child run under ``parent``: the one a command killed during
     registration left unrecorded (found by its tags), else a new one; so no child stays RUNNING forever
     and ``train`` never starts a second, parentless run."""
-    from milegpo_cli.trainer.loop import run_name
+    from milegpo_cli.trainer.provenance import run_name
 
     if tracker is None:
         return
