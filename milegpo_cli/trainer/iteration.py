@@ -27,7 +27,7 @@ from milegpo_cli.trainer.evaluation import episode_metrics
 from milegpo_cli.trainer.rollout import RolloutStats, reward_penalty, run_episodes
 from milegpo_cli.trainer.seeding import derive_seed, seed_everything
 from milegpo_cli.trainer.task_pools import ppo_pool
-from milegpo_cli.trainer.threads import torch_threads
+from milegpo_cli.trainer.threads import ThreadPlan
 
 
 @dataclass
@@ -55,17 +55,18 @@ def sample_tasks(pool: Sequence, groups: int, seed: int, iteration: int) -> list
 
 
 def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite, iteration: int,
-                    memory: Memory | None = None) -> IterationResult:
-    """Sample tasks for ``iteration``, roll out G x N episodes, assign credit, update the policy."""
+                    *, threads: ThreadPlan, memory: Memory | None = None) -> IterationResult:
+    """Sample tasks for ``iteration``, roll out G x N episodes (threads and lanes of ``threads``), assign
+    credit, update the policy."""
     acc = updater.accelerator  # data parallel (trainer/distributed.py): this rank's block of the K x G tasks
     seed_everything(derive_seed(config.run.seed, "iteration", iteration, *rank_parts(acc)))
     tasks = shard(sample_tasks(pool, config.rollout.groups * world_size(acc), config.run.seed, iteration), acc)
     stats = RolloutStats()
     t0 = time.perf_counter()
-    with torch_threads(config.rollout.threads):
+    with threads.rolling_out():
         episodes = run_episodes(policy, venv, tasks, config.rollout.group_size, max_steps=suite.max_steps,
                                 success_reward=config.rollout.success_reward,
-                                invalid_penalty=reward_penalty(config), stats=stats, lanes=config.rollout.lanes)
+                                invalid_penalty=reward_penalty(config), stats=stats, lanes=threads.rollout.lanes)
     for e in episodes:  # group numbers unique over ranks
         e.group += group_offset(acc, config.rollout.groups)
     t_rollout = time.perf_counter() - t0
