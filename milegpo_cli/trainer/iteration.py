@@ -18,11 +18,11 @@ from envs.faults import fault_point
 from milegpo_cli.config import Config
 from milegpo_cli.credit import RolloutBatch, compute_advantages
 from milegpo_cli.credit.memory import Memory
-from milegpo_cli.credit.result import CreditResult
-from milegpo_cli.store.records import CandidateRecord, EpisodeRecord
+from milegpo_cli.credit.result import Candidate, CreditResult
+from milegpo_cli.store.records import EpisodeRecord
 from milegpo_cli.trainer.distributed import gather_iteration, group_offset, rank_parts, shard, world_size
 from milegpo_cli.trainer.credit_memory import memory_metrics
-from milegpo_cli.trainer.episode_records import candidate_record, episode_record, to_rollout
+from milegpo_cli.trainer.episode_records import episode_record, to_rollout
 from milegpo_cli.trainer.evaluation import episode_metrics
 from milegpo_cli.trainer.rollout import RolloutStats, reward_penalty, run_episodes
 from milegpo_cli.trainer.seeding import derive_seed, seed_everything
@@ -34,7 +34,7 @@ from milegpo_cli.trainer.threads import ThreadPlan
 class IterationResult:
     metrics: dict[str, float]
     episodes: list[EpisodeRecord]
-    candidates: list[CandidateRecord]
+    candidates: list[Candidate]
     credit: CreditResult | None = None
 
 
@@ -96,7 +96,7 @@ def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite
         else:
             records.append(episode_record(e, parts, offset))
             offset += e.length
-    every = gather_iteration(episodes, records, [candidate_record(c) for c in result.candidates], stats.steps,
+    every = gather_iteration(episodes, records, list(result.candidates), stats.steps,
                              policy.model, acc)  # all ranks' output (one process: this one's)
     total = t_rollout + t_credit + t_update
     metrics = {
