@@ -99,6 +99,13 @@ def run_evaluation(config, policy, venv, suite, split: str, episodes: int, seed:
     return episode_metrics(played), played
 
 
+def evaluation_metrics(split: str, phase: str | None, metrics: dict) -> dict[str, float]:
+    """An evaluation's metrics as MLflow holds them: ``eval_<split>/...`` after training iterations (phase
+    ``train``), ``eval_<phase>_<split>/...`` for the policy PPO starts from."""
+    prefix = f"eval_{split}/" if phase in ("train", None) else f"eval_{phase}_{split}/"
+    return {prefix + k: v for k, v in Probe.scalars(metrics).items()}
+
+
 @dataclass
 class Probe:
     """Held-out expert states per split (collected once per run) and the policy's score on them."""

@@ -38,7 +38,7 @@ from milegpo_cli.trainer.checkpoint import DiskFull, claim_folder, save_checkpoi
 from milegpo_cli.trainer.credit_memory import RunMemory
 from milegpo_cli.trainer.distributed import world_size
 from milegpo_cli.trainer.episode_records import episode_record
-from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe, format_success, run_evaluation
+from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe, evaluation_metrics, format_success, run_evaluation
 from milegpo_cli.trainer.iteration import numeric_metrics, train_iteration, train_pool
 from milegpo_cli.trainer.provenance import run_name
 from milegpo_cli.trainer.resume import checkpoint_root, load_resume, open_run, stopped
@@ -101,8 +101,7 @@ class Evaluator:
             if self.tracker is not None:  # main process only
                 self.store.record_evaluation(self.run_id, split, metrics, [episode_record(e) for e in played],
                                              iteration=iteration, phase=phase)
-                prefix = f"eval_{split}/" if phase == "train" else f"eval_{phase}_{split}/"
-                self.tracker.log_metrics({prefix + k: v for k, v in Probe.scalars(metrics).items()}, step=iteration)
+                self.tracker.log_metrics(evaluation_metrics(split, phase, metrics), step=iteration)
             probe = (f"  probe logp {metrics['probe_expert_logp']:.3f}" if "probe_expert_logp" in metrics else "")
             self.console.print(f"eval {phase} (iteration {iteration}) {split}: success {format_success(metrics)}  "
                                f"outcome {metrics['mean_outcome']:.3f}{probe}", soft_wrap=True)
@@ -228,7 +227,8 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
             with contextlib.suppress(StoreError):  # a store that does not answer cannot record the end
                 store.set_status(run_id, "killed" if isinstance(err, KeyboardInterrupt) else "failed")
         if tracker is not None:
-            tracker.end("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+            tracker.end("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED",
+                        resume_command(run_id, config.store.root, store.url))
         if isinstance(err, KeyboardInterrupt):
             raise stopped(run_id, config, store) from err
         raise
@@ -240,7 +240,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
             opened.lock.release()
     if tracker is not None:  # main process
         store.set_status(run_id, "finished")
-        tracker.end("FINISHED")
+        tracker.end("FINISHED", resume_command(run_id, config.store.root, store.url))
         print_summary(store, run_id, console, score=config.env.name == "webshop")
     return run_id
 
