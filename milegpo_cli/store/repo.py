@@ -122,16 +122,20 @@ class RunStore(Database):
         self._write(lambda s: s.execute(update(Experiment).where(Experiment.id == experiment_id)
                                         .values(mlflow_run_id=mlflow_run_id)))
 
-    def get_experiment(self, ref: int | str) -> dict[str, Any]:
-        """By id, or by name (the newest experiment of that name)."""
+    def _by_ref(self, model: type, ref: int | str, what: str) -> dict[str, Any]:
+        """The row of ``model`` (Run, Experiment) by id, or by name (the newest of that name); RunNotFound."""
         def fn(s: Session) -> list[dict[str, Any]]:
             if isinstance(ref, int) or str(ref).isdecimal():
-                return _rows(s, Experiment, Experiment.id == int(ref)) if int(ref) <= MAX_ID else []
-            return _rows(s, Experiment, Experiment.name == ref, order=[Experiment.id.desc()])[:1]
+                return _rows(s, model, model.id == int(ref)) if int(ref) <= MAX_ID else []
+            return _rows(s, model, model.name == ref, order=[model.id.desc()])[:1]
         rows = self._read(fn)
         if not rows:
-            raise RunNotFound(f"experiment '{ref}' not found in {self.display_url}")
+            raise RunNotFound(f"{what} '{ref}' not found in {self.display_url}")
         return rows[0]
+
+    def get_experiment(self, ref: int | str) -> dict[str, Any]:
+        """By id, or by name (the newest experiment of that name)."""
+        return self._by_ref(Experiment, ref, "experiment")
 
     def list_experiments(self) -> list[dict[str, Any]]:
         return self._read(lambda s: _rows(s, Experiment, order=[Experiment.id]))
@@ -160,14 +164,7 @@ class RunStore(Database):
 
     def get_run(self, ref: int | str) -> dict[str, Any]:
         """By id, or by name (the newest run of that name); raises RunNotFound."""
-        def fn(s: Session) -> list[dict[str, Any]]:
-            if isinstance(ref, int) or str(ref).isdecimal():
-                return _rows(s, Run, Run.id == int(ref)) if int(ref) <= MAX_ID else []
-            return _rows(s, Run, Run.name == ref, order=[Run.id.desc()])[:1]
-        rows = self._read(fn)
-        if not rows:
-            raise RunNotFound(f"run '{ref}' not found in {self.display_url}")
-        return rows[0]
+        return self._by_ref(Run, ref, "run")
 
     def list_runs(self, experiment_id: int | None = None) -> list[dict[str, Any]]:
         """Runs in id order, each with ``iterations`` (count) and the last iteration's success rate."""
