@@ -7,7 +7,7 @@ oracle, over bins of the group's success share, on the credit-diagnostics record
 
 A group's success share is the fraction of its rollouts that succeeded (groups of 8: 0/8 ... 8/8),
 the rarity that group's estimator sees. Bins: none, one, 2-3, 4-7, all of the group. Intervals:
-percentile bootstrap over the bin's groups (credit_bench.GroupBootstrap). Trap precision: the share
+percentile bootstrap over the bin's groups (diagnostics.GroupBootstrap). Trap precision: the share
 of steps that enter a credited trap whose action the oracle labels bad (a recall is not defined: most
 bad steps enter no recurring state). Writes bench/results/discovery_vs_rarity.{json,md}.
 """
@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from milegpo_cli.credit import RolloutBatch, compute_advantages  # noqa: E402
-from milegpo_cli.experiments.credit_bench import (  # noqa: E402
-    GroupBootstrap, Recording, default_variants, evaluate, read_records)
+from milegpo_cli.experiments.credit_bench import Recording, default_variants, evaluate, read_records  # noqa: E402
+from milegpo_cli.experiments.diagnostics import GroupBootstrap  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 BINS = (("none", 0.0, 0.0), ("one", 1e-9, 0.125), ("2-3 of 8", 0.125 + 1e-9, 0.375),

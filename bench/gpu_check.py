@@ -77,6 +77,7 @@ def check(size: str, root: Path, recipe: str = "alfworld-paper") -> dict:
     from milegpo_cli.trainer import builders, iteration as one_iteration
     from milegpo_cli.trainer.plan import make_plan
     from milegpo_cli.trainer.ppo import PPOUpdater
+    from milegpo_cli.trainer.threads import plan_threads
 
     t_start = time.perf_counter()
     groups, group_size, steps, prompt, new = SHAPES[size]
@@ -90,7 +91,8 @@ def check(size: str, root: Path, recipe: str = "alfworld-paper") -> dict:
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    suite = builders.build_suite(config)
+    threads = plan_threads(config)
+    suite = builders.build_suite(config, threads.rollout.workers)
     accelerator = builders.make_accelerator(config)
     policy = builders.build_policy(config, suite, accelerator.device)
     updater = PPOUpdater(policy, config.ppo, accelerator, total_updates=1)
@@ -105,7 +107,8 @@ def check(size: str, root: Path, recipe: str = "alfworld-paper") -> dict:
 
     core.sample_replies = counted  # counts the reply tokens of the real sampler
     try:
-        res = one_iteration.train_iteration(config, policy, updater, venv, one_iteration.train_pool(config, suite), suite, 1)
+        res = one_iteration.train_iteration(config, policy, updater, venv, one_iteration.train_pool(config, suite), suite, 1,
+                                          threads=threads)
     finally:
         core.sample_replies = sample
         venv.close()

@@ -10,7 +10,7 @@ rare-success regime of the issue (most groups without a success).
 Analysis: MileGPO v3 with and without ``credit.memory`` (and the decay grid on the tuning
 recording), ROC-AUC of the per-step advantage against the oracle labels overall, inside all-fail
 groups, and inside all-fail groups of tasks that succeeded in an earlier iteration; 95 % percentile
-bootstrap over groups (``credit_bench.GroupBootstrap``), paired dAUC on the same resampled groups.
+bootstrap over groups (``diagnostics.GroupBootstrap``), paired dAUC on the same resampled groups.
 
     .venv/bin/python bench/memory_evidence.py record --env webshop --tasks 60 --iterations 5 --p 0.75 --seed 0
     .venv/bin/python bench/memory_evidence.py record --env webshop --tasks 60 --iterations 5 --p 0.75 --seed 1 --start 60
@@ -122,7 +122,7 @@ def pooled_advantages(rec, config) -> np.ndarray:
 def score(rec, configs: dict, n_resamples: int, seed: int = 0) -> list[dict]:
     """AUC per (variant, subset), 95 % bootstrap over the subset's groups, and dAUC against plain v3 (paired)."""
     from milegpo_cli.credit import RolloutBatch, compute_advantages
-    from milegpo_cli.experiments.credit_bench import GroupBootstrap
+    from milegpo_cli.experiments.diagnostics import GroupBootstrap
     batch = RolloutBatch.from_rollouts(rec.rollouts)
     known = np.array([g is not None for g in rec.oracle_good])
     good = np.array([bool(g) for g in rec.oracle_good])

@@ -127,13 +127,14 @@ class Trainer:
         from milegpo_cli.store import RunStore
         from milegpo_cli.trainer import builders, iteration as one_iteration, seeding
         from milegpo_cli.trainer.ppo import PPOUpdater
-        from milegpo_cli.trainer.threads import fit_to_cores
+        from milegpo_cli.trainer.threads import plan_threads
 
         self.one_iteration, self.seeding = one_iteration, seeding
         # as `milegpo train`: workers, lanes and threads sized to the cores, threads following the load
-        self.config = c = fit_to_cores(load_config(recipe, [*sets, f'store.root="{root}"']))
-        self.meter = LoadMeter()
-        self.suite = builders.build_suite(c)
+        self.config = c = load_config(recipe, [*sets, f'store.root="{root}"'])
+        self.threads, self.meter = plan_threads(c), LoadMeter()
+        self.threads.apply()
+        self.suite = builders.build_suite(c, self.threads.rollout.workers)
         G, N = c.rollout.groups, c.rollout.group_size
         self.venv = self.suite.make_vector_env(G * N, oracle=c.env.oracle)
         device = builders.make_accelerator(c).device
@@ -151,11 +152,9 @@ class Trainer:
         self.run_id = self.store.create_run(name="bench", algo=c.run.algo, seed=c.run.seed, config=c.to_dict())
 
     def iteration(self, it: int) -> dict:
-        from milegpo_cli.trainer.threads import follow_load, set_threads
-
-        load = follow_load(self.meter)
-        set_threads(self.config.run.threads)
-        m = self.one_iteration.train_iteration(self.config, self.policy, self.updater, self.venv, self.pool, self.suite, it)
+        load = self.threads.follow_load(self.meter)
+        m = self.one_iteration.train_iteration(self.config, self.policy, self.updater, self.venv, self.pool, self.suite, it,
+                                               threads=self.threads)
         m.metrics.update(load)
         t0 = time.perf_counter()
         self.store.record_iteration(self.run_id, it, m.metrics, m.episodes, m.candidates)
@@ -234,8 +233,6 @@ def update_vs_plain(tr, results: dict) -> None:
 def cache_off_rollout(tr, results: dict) -> None:
     """The same rollouts with the cache off (a fresh vector env: no shared cache)."""
     from milegpo_cli.trainer.rollout import RolloutStats, run_episodes
-    from milegpo_cli.trainer.threads import torch_threads
-
     c = tr.config
     tr.venv.close()
     tr.suite.config = dataclasses.replace(c.env.alfworld, cache=False)
@@ -243,10 +240,10 @@ def cache_off_rollout(tr, results: dict) -> None:
     stats = RolloutStats()
     tr.seeding.seed_everything(1)
     t0 = time.perf_counter()
-    with torch_threads(c.rollout.threads):
+    with tr.threads.rolling_out():
         run_episodes(tr.policy, tr.venv, tr.one_iteration.sample_tasks(tr.pool, c.rollout.groups, c.run.seed, 1),
                      c.rollout.group_size, max_steps=tr.suite.max_steps, success_reward=c.rollout.success_reward,
-                     invalid_penalty=c.policy.invalid_penalty, stats=stats, lanes=c.rollout.lanes)
+                     invalid_penalty=c.policy.invalid_penalty, stats=stats, lanes=tr.threads.rollout.lanes)
     results["optimised"]["rollout_steps_per_s_cache_off"] = stats.steps / (time.perf_counter() - t0)
 
 
@@ -308,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
             stop(neighbours)
         if name == "optimised" and not args.contend:  # the engine workers have exited: the largest one's peak, once per worker
             worker_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-            results["optimised"]["peak_rss_mb"] = rss_self + c.env.alfworld.workers * worker_mb
+            results["optimised"]["peak_rss_mb"] = rss_self + tr.threads.rollout.workers * worker_mb
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
     out = {"date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit,

@@ -9,7 +9,7 @@ import pytest
 
 from envs.webshop import WebshopConfig, WebshopSuite
 from milegpo_cli.experiments import credit_bench as cb, credit_bench_report, credit_recording
-from milegpo_cli.experiments.diagnostics import roc_auc, sign_accuracy
+from milegpo_cli.experiments.diagnostics import GroupBootstrap, roc_auc, sign_accuracy
 
 P = (0.0, 0.5, 1.0)
 GROUP = 4
@@ -81,7 +81,7 @@ def test_fast_bootstrap_agrees_with_diagnostics():
     good = rng.random(group.size) < 0.4
     known = rng.random(group.size) < 0.9
     scores = np.round(rng.normal(size=group.size) + good, 1)  # rounded: ties occur
-    boot = cb.GroupBootstrap(group, good, known, 12, n_resamples=300, seed=0)
+    boot = GroupBootstrap(group, good, known, 12, n_resamples=300, seed=0)
     auc = boot.auc(scores)
     assert auc.value == pytest.approx(roc_auc(scores[known], good[known]), abs=1e-12)
     assert auc.low < auc.value < auc.high

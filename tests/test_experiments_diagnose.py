@@ -1,17 +1,18 @@
 """diagnose on a run written through the real RunStore from constructed rollouts."""
 import json
+import math
 import os
 
 import matplotlib.image as mpimg
 import numpy as np
 import pytest
 
-from milegpo_cli.credit import Rollout
+from milegpo_cli.credit import Candidate, Rollout
 from milegpo_cli.errors import RunNotFound
 from milegpo_cli.experiments import diagnostics as D
 from milegpo_cli.experiments.diagnose import diagnose, render_diagnosis
 from milegpo_cli.experiments.plots import is_png
-from milegpo_cli.store import CandidateRecord, EpisodeRecord, StepRecord
+from milegpo_cli.store import EpisodeRecord, StepRecord
 
 # One group = a success s0 -> s1 -> s2 -> SUCCESS (labels good, bad, good) and a failure
 # s0 -> s3 -(loop)-> s3 -> FAIL (labels good, bad). Entering s1 reaches the true subgoal "picked".
@@ -36,10 +37,10 @@ def run_id(store):
         eps, cands = [], []
         for g in ("g0", "g1"):
             eps += [episode(SUCCESS, g, 0, True), episode(FAILURE, g, 1, False)]
-            cands += [CandidateRecord(group=g, key="s1", kind="milestone", n_pos=1, n_neg=0, rho=0.4, distance=2.0,
-                                      progress_ok=True, branch_ok=None, credit=0.2),
-                      CandidateRecord(group=g, key="s3", kind="trap", n_pos=0, n_neg=1, rho=-0.4, distance=None,
-                                      progress_ok=True, branch_ok=None, credit=-0.2)]
+            cands += [Candidate(group=g, key="s1", kind="milestone", n_pos=1, n_neg=0, rho=0.4, distance=2.0,
+                                progress_ok=1.0, branch_ok=math.nan, credit=0.2),
+                      Candidate(group=g, key="s3", kind="trap", n_pos=0, n_neg=1, rho=-0.4, distance=math.inf,
+                                progress_ok=1.0, branch_ok=math.nan, credit=-0.2)]
         store.record_iteration(rid, it, {"steps": 10.0}, eps, cands)
     return rid
 

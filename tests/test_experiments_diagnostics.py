@@ -53,3 +53,18 @@ def test_diagnose_credit_intervals_over_groups():
     assert d.milestone_precision.value == pytest.approx(12 / 18)
     assert d.milestone_recall.value == pytest.approx(12 / 18)
     assert d.counts == {"discovered": 18, "true": 12, "subgoals": 18, "found": 12}
+
+
+def test_diagnose_and_the_credit_bench_share_one_bootstrap():
+    """diagnose's intervals are the credit benchmark's (one GroupBootstrap). Groups 0-3 have good steps
+    only: a resample that draws neither group 4 nor 5 (~9 % of them) has no bad step and no AUC; it is
+    left out of the percentiles, where scipy's bootstrap made the whole interval NaN and diagnose
+    printed a zero-width [value, value]."""
+    rng = np.random.default_rng(1)
+    group = np.repeat(np.arange(6), 6)
+    good = (group < 4) | (np.arange(group.size) % 2 == 0)
+    adv = np.where(good, 0.5, -0.5) + rng.normal(0, 1.0, group.size)
+    d = D.diagnose_credit(adv, group, [bool(g) for g in good], n_resamples=400, seed=5)
+    boot = D.GroupBootstrap(group, good, np.ones(group.size, bool), 6, n_resamples=400, seed=5)
+    assert d.auc == boot.auc(adv) and d.sign_accuracy == boot.sign_accuracy(adv)
+    assert d.auc.low < d.auc.value < d.auc.high

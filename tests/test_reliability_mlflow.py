@@ -1,7 +1,7 @@
 """An MLflow tracking server that does not answer (issue 35, docs/reliability.md): at the start,
 `train` fails in seconds with one line and stores nothing; during a run (a real `mlflow server`
 stopped mid-run), training goes on, the metrics are kept and back-filled when the server is back, or
-reported in one warning when it never comes back."""
+reported in one warning when it never comes back, then sent by `train --resume` once it is."""
 from __future__ import annotations
 
 import json
@@ -111,12 +111,36 @@ def test_server_stopped_mid_run_training_goes_on_and_mlflow_is_back_filled(tmp_p
                                                         for i in store.iterations(run_id)]
         assert client.get_run(run["mlflow_run_id"]).info.status == "FINISHED"
 
-        # stopped before iteration 3 and never back: the run still finishes; one warning says what MLflow misses
+        # stopped before iteration 3 and never back: the run still finishes; one warning says what MLflow
+        # misses and which command sends it
         store, run_id = train_with_server_events(tmp_path / "b", monkeypatch, server, {3: server.stop})
         err = capsys.readouterr().err
-        assert store.get_run(run_id)["status"] == "finished" and len(store.iterations(run_id)) == 5
-        assert f"MLflow run {store.get_run(run_id)['mlflow_run_id']} misses" in err
+        run = store.get_run(run_id)
+        assert run["status"] == "finished" and len(store.iterations(run_id)) == 5
+        assert f"MLflow run {run['mlflow_run_id']} misses" in err
         assert "(steps 3..5) and stays marked running; the store holds them all" in err
+        assert f"`milegpo train --resume {run_id} --runs-dir " in err and "sends them once the server answers" in err
         assert "Traceback" not in err
+
+        # the server back, the next command that opens the run sends what MLflow missed, in one line
+        server.start()
+        from milegpo_cli.config import Config
+        from milegpo_cli.trainer import loop
+
+        loop.train(Config.from_dict(run["config"]), store, server.uri, resume_run=run_id,
+                   console=Console(file=open(os.devnull, "w"), width=120))
+        err = capsys.readouterr().err
+        [line] = [line for line in err.splitlines() if "lacked" in line]
+        assert line.startswith(f"warning: MLflow run {run['mlflow_run_id']} lacked ")
+        assert "(steps 3..5) logged while its tracking server was away; sent now from the store" in line
+        client = MlflowClient(server.uri)
+        history = client.get_metric_history(run["mlflow_run_id"], "success_rate")
+        assert [(m.step, m.value) for m in history] == [(i["iteration"], i["metrics"]["success_rate"])
+                                                        for i in store.iterations(run_id)]
+        [final] = [e for e in store.evaluations(run_id) if e["iteration"] == 5]
+        evals = client.get_metric_history(run["mlflow_run_id"], f"eval_{final['split']}/success_rate")
+        assert [(m.step, m.value) for m in evals] == [(5, final["metrics"]["success_rate"])]
+        assert client.get_run(run["mlflow_run_id"]).info.status == "FINISHED"
+        assert store.get_run(run_id)["status"] == "finished" and len(store.iterations(run_id)) == 5
     finally:
         server.stop()

@@ -12,7 +12,8 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.orm import Session
 
 from milegpo_cli.errors import RunNotFound, StoreError
-from milegpo_cli.store import CandidateRecord, EpisodeRecord, RunStore, StepRecord
+from milegpo_cli.credit import Candidate
+from milegpo_cli.store import EpisodeRecord, RunStore, StepRecord
 from milegpo_cli.store.models import SCHEMA_VERSION
 
 
@@ -31,8 +32,8 @@ def batch(n=4, steps=3):
     return [episode(index=i, success=i % 2 == 0, steps=steps) for i in range(n)]
 
 
-def candidate(key="s1", distance=2.0, progress_ok=0.75, branch_ok=None):
-    return CandidateRecord(group="g0", key=key, kind="milestone", n_pos=2, n_neg=1, rho=0.4, distance=distance,
+def candidate(key="s1", distance=2.0, progress_ok=0.75, branch_ok=math.nan):
+    return Candidate(group="g0", key=key, kind="milestone", n_pos=2, n_neg=1, rho=0.4, distance=distance,
                            progress_ok=progress_ok, branch_ok=branch_ok, credit=0.2)
 
 
@@ -89,8 +90,8 @@ def test_missing_run_is_a_clear_error(store):
 
 def test_record_iteration_round_trip(store):
     rid = store.create_run("r", "milegpo")
-    store.record_iteration(rid, 1, {"loss": 0.5, "nan": float("nan")}, batch(4, 3),
-                           [candidate(), candidate("s9", math.inf, progress_ok=float("nan"), branch_ok=True)])
+    store.record_iteration(rid, 1, {"loss": 0.5, "nan": float("nan")}, batch(4, 3),  # the estimators' candidates:
+                           [candidate(), candidate("s9", math.inf, progress_ok=math.nan, branch_ok=1.0)])  # inf, NaN -> NULL
     [it] = store.iterations(rid)
     assert it["metrics"] == {"loss": 0.5, "nan": None}
     assert (it["episodes"], it["success_rate"], it["mean_outcome"], it["mean_length"]) == (4, 0.5, 0.5, 3.0)

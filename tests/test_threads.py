@@ -12,8 +12,7 @@ import torch
 
 from milegpo_cli import cores
 from milegpo_cli.config import load_config
-from milegpo_cli.trainer import threads
-from milegpo_cli.trainer.threads import CORES_ENV, fit_to_cores, set_threads, thread_budget, torch_threads
+from milegpo_cli.trainer.threads import CORES_ENV, ThreadPlan, plan_threads, torch_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,36 +127,62 @@ def test_own_ticks_count_our_children_and_not_other_processes():
     assert o1 - o0 > own1 - own0
 
 
+class _Busy:
+    def __init__(self, load: float):
+        self.load = load
+
+    def others_busy(self):
+        return self.load
+
+
 def test_thread_budget_is_capped_by_the_share_and_the_load(monkeypatch):
     monkeypatch.setattr(cores, "affinity_cpus", lambda: {0, 1})
     monkeypatch.setattr(cores, "cgroup_quota", lambda: None)
     monkeypatch.delenv(CORES_ENV, raising=False)
-    monkeypatch.setitem(threads._state, "others", 0.0)
-    assert thread_budget(2) == 2
+    config = load_config("alfworld", ["run.threads=2"])
+    assert plan_threads(config).budget(2) == 2
     monkeypatch.setenv(CORES_ENV, "1")  # ablate --parallel 2 on 2 cores
-    assert thread_budget(2) == 1 and thread_budget(1) == 1
+    assert plan_threads(config).budget(2) == 1 and plan_threads(config).budget(1) == 1
     monkeypatch.delenv(CORES_ENV)
 
-    class Busy:
-        def others_busy(self):
-            return 1.0
+    plan, before = plan_threads(config), torch.get_num_threads()
+    try:
+        m = plan.follow_load(_Busy(1.0))  # the update's threads follow the load at once
+        assert m == {"host_load_others": 1.0, "host_cores": 2.0, "host_cores_free": 1.0}
+        assert plan.budget(2) == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
 
-    m = threads.follow_load(Busy())
-    assert m == {"host_load_others": 1.0, "host_cores": 2.0, "host_cores_free": 1.0}
-    assert thread_budget(2) == 1
+
+def test_each_plan_holds_its_own_load_reading(monkeypatch):
+    """The load reading lives in the plan handed to the iteration, not in module state: a second plan
+    in the same process (a test, a bench, `rollout` after `train`) starts from no load."""
+    monkeypatch.setattr(cores, "affinity_cpus", lambda: {0, 1})
+    monkeypatch.setattr(cores, "cgroup_quota", lambda: None)
+    monkeypatch.delenv(CORES_ENV, raising=False)
+    config = load_config("alfworld", ["run.threads=2"])
+    busy, fresh, before = plan_threads(config), plan_threads(config), torch.get_num_threads()
+    try:
+        busy.follow_load(_Busy(1.0))
+    finally:
+        torch.set_num_threads(before)
+    assert (busy.others, busy.budget(2)) == (1.0, 1)
+    assert (fresh.others, fresh.budget(2)) == (0.0, 2)
 
 
-def test_fit_to_cores_sizes_workers_and_lanes(monkeypatch):
+def test_the_plan_sizes_workers_and_lanes_and_leaves_the_config_as_it_is(monkeypatch):
     monkeypatch.setattr(cores, "affinity_cpus", lambda: {0, 1})
     monkeypatch.setattr(cores, "cgroup_quota", lambda: None)
     config = load_config("alfworld", [])
     monkeypatch.delenv(CORES_ENV, raising=False)
-    two = fit_to_cores(config)
-    assert (two.env.alfworld.workers, two.rollout.lanes, two.rollout.threads) == (2, 2, 1)
+    assert plan_threads(config).rollout == cores.RolloutPlan(threads=1, workers=2, lanes=2)
     monkeypatch.setenv(CORES_ENV, "1")
-    one = fit_to_cores(config)
-    assert (one.env.alfworld.workers, one.rollout.lanes, one.rollout.threads) == (0, 1, 1)
-    assert one.to_dict()["run"] == config.to_dict()["run"]
+    one = plan_threads(config)
+    assert one == ThreadPlan(config.run.threads, cores.RolloutPlan(threads=1, workers=0, lanes=1), cores=1)
+    assert one.budget(config.run.threads) == 1
+    assert config.to_dict() == load_config("alfworld", []).to_dict()  # a runtime decision, not a config rewrite
+    webshop = load_config("webshop", ["rollout.threads=0", "run.threads=2"])
+    assert plan_threads(webshop).rollout == cores.RolloutPlan(threads=2, workers=0, lanes=webshop.rollout.lanes)
 
 
 def test_engine_actors_are_not_capped_by_the_members_cores(monkeypatch):
@@ -168,23 +193,24 @@ def test_engine_actors_are_not_capped_by_the_members_cores(monkeypatch):
     monkeypatch.setenv(CORES_ENV, "1")
     config = load_config("alfworld", ["env.alfworld.workers_backend=\"ray\"", "env.alfworld.workers=3",
                                       "rollout.lanes=2"])
-    one = fit_to_cores(config)
-    assert (one.env.alfworld.workers, one.rollout.lanes, one.rollout.threads) == (3, 2, 1)
+    assert plan_threads(config).rollout == cores.RolloutPlan(threads=1, workers=3, lanes=2)
 
 
 def test_torch_threads_sets_and_restores(monkeypatch):
     monkeypatch.setattr(cores, "affinity_cpus", lambda: {0, 1})
     monkeypatch.setattr(cores, "cgroup_quota", lambda: None)
     monkeypatch.delenv(CORES_ENV, raising=False)
-    monkeypatch.setitem(threads._state, "others", 0.0)
     before = torch.get_num_threads()
     try:
-        set_threads(2)
+        plan = plan_threads(load_config("alfworld", ["run.threads=2", "rollout.threads=1"]))
+        plan.apply()
+        assert torch.get_num_threads() == 2
+        with plan.rolling_out():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
         with torch_threads(1):
             assert torch.get_num_threads() == 1
         assert torch.get_num_threads() == 2
-        with torch_threads(0):  # 0: as they are
-            assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
 

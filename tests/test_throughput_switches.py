@@ -11,6 +11,7 @@ import torch
 from milegpo_cli.config import load_config
 from milegpo_cli.trainer import builders, iteration as one_iteration, seeding
 from milegpo_cli.trainer.ppo import PPOUpdater
+from milegpo_cli.trainer.threads import plan_threads
 from conftest import TINY_MODEL
 
 os.environ.setdefault("ALFWORLD_DATA", str(Path(__file__).resolve().parents[1] / "runs" / "alfworld_data"))
@@ -27,7 +28,8 @@ def _train(root: Path, switches: list[str], memo: bool):
     engine_caches.install_engine_caches(True, grammar=memo, reuse=memo)
     try:
         config = load_config("alfworld", [*TINY, f"store.root={json.dumps(str(root))}", *switches])
-        suite = builders.build_suite(config)
+        threads = plan_threads(config)
+        suite = builders.build_suite(config, threads.rollout.workers)
         venv = suite.make_vector_env(6, oracle=config.env.oracle)
         seeding.seed_everything(0)
         policy = builders.build_policy(config, suite, "cpu")
@@ -35,7 +37,7 @@ def _train(root: Path, switches: list[str], memo: bool):
         pool = one_iteration.train_pool(config, suite)
         out = []
         for it in (1, 2):
-            res = one_iteration.train_iteration(config, policy, updater, venv, pool, suite, it)
+            res = one_iteration.train_iteration(config, policy, updater, venv, pool, suite, it, threads=threads)
             out.append([(e.task_id, [(s.state_key, s.action, s.reward, s.advantage, s.subgoals) for s in e.steps])
                         for e in res.episodes])
             out.append([s.oracle_good for e in res.episodes for s in e.steps])

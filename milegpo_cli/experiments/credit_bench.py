@@ -6,14 +6,12 @@ Every estimator variant (baselines, MileGPO in both formulations and each single
 ablation) is recomputed on the *same* rollouts with ``credit.compute_advantages`` and scored as in
 ``experiments.diagnostics`` (ROC-AUC and sign accuracy against the oracle labels; milestone
 precision / recall against the true subgoals via ``diagnostics.milestone_match``), with percentile
-bootstrap intervals over groups. The bootstrap is :class:`GroupBootstrap`, a vectorised form of the
-same estimator (same point values; fast enough for 10^5 steps x 15 variants x 1000 resamples). Added
-here: the share of same-state action pairs with tied step advantages (``credit.same_state_tie_share``)
+bootstrap intervals over groups (``diagnostics.GroupBootstrap``, the same bootstrap as ``diagnose``;
+fast enough for 10^5 steps x 15 variants x 1000 resamples). Added here: the share of same-state action pairs with tied step advantages (``credit.same_state_tie_share``)
 and a *paired* bootstrap of dAUC = AUC(variant) - AUC(reference) on the same resampled groups.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
@@ -23,8 +21,8 @@ import numpy as np
 from milegpo_cli.credit import CreditConfig, Rollout, RolloutBatch, compute_advantages, same_state_tie_share
 from milegpo_cli.credit.config import COMPONENTS, nest_paper_keys
 from milegpo_cli.experiments.credit_recording import CreditBenchError
-from milegpo_cli.experiments.diagnostics import entered_keys, milestone_match
-from milegpo_cli.experiments.stats import CONFIDENCE, Estimate
+from milegpo_cli.experiments.diagnostics import GroupBootstrap, entered_keys, milestone_match
+from milegpo_cli.experiments.stats import Estimate
 
 V2_AS_MEASURED = {"formulation": "v2", "lambda_p": 2.0, "lambda_m": 0.5, "lambda_t": 0.5, "g_p": 0.0, "g_b": 0.0}
 PAPER_ETA = {"alfworld": 0.2, "webshop": 1.0}  # eta per environment (docs/algorithms.md, the paper's construction)
@@ -106,68 +104,6 @@ class Recording:
         return Recording([self.rollouts[i] for i in idx], [g for g, k in zip(self.oracle_good, step_keep) if k],
                          [s for s, k in zip(self.subgoals, step_keep) if k], self.p[idx],
                          [self.task_type[i] for i in idx], self.errors)
-
-
-class GroupBootstrap:
-    """Percentile bootstrap over groups, vectorised: resample r draws G groups with replacement,
-    summarised by the count matrix W (R x G). A ratio of per-group sums is (W a) / (W b); the AUC of a
-    resample is sum_gh W_g W_h U_gh / ((W P)(W N)) with U_gh the Mann-Whitney count (ties 1/2) of good
-    steps of group g over bad steps of group h, P_g / N_h the good / bad counts. Same estimator as
-    ``diagnostics._bootstrap_over_groups`` (scipy percentile method), ~100x faster on 10^5 steps."""
-
-    def __init__(self, step_group: np.ndarray, good: np.ndarray, known: np.ndarray, n_groups: int,
-                 n_resamples: int, seed: int = 0):
-        self.group = np.asarray(step_group, dtype=int)
-        self.good, self.known, self.n_groups = np.asarray(good, bool), np.asarray(known, bool), n_groups
-        draws = np.random.default_rng(seed).integers(0, n_groups, size=(n_resamples, n_groups))
-        self.w = np.zeros((n_resamples, n_groups))
-        np.add.at(self.w, (np.repeat(np.arange(n_resamples), n_groups), draws.ravel()), 1.0)
-        pos, neg = self.known & self.good, self.known & ~self.good
-        self.n_pos = np.bincount(self.group[pos], minlength=n_groups).astype(float)
-        self.n_neg = np.bincount(self.group[neg], minlength=n_groups).astype(float)
-
-    def estimate(self, point: float, samples: np.ndarray) -> Estimate:
-        samples = samples[np.isfinite(samples)]
-        if self.n_groups < 2 or not math.isfinite(point) or samples.size == 0:
-            return Estimate(point, point, point)
-        lo, hi = np.percentile(samples, [50 * (1 - CONFIDENCE), 50 * (1 + CONFIDENCE)])
-        return Estimate(point, float(lo), float(hi))
-
-    def ratio_samples(self, num: np.ndarray, den: np.ndarray) -> tuple[float, np.ndarray]:
-        """Point and resampled values of sum(num_g) / sum(den_g) (per-group arrays)."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return num.sum() / den.sum() if den.sum() else float("nan"), (self.w @ num) / (self.w @ den)
-
-    def ratio(self, num: np.ndarray, den: np.ndarray) -> Estimate:
-        return self.estimate(*self.ratio_samples(num, den))
-
-    def auc_samples(self, scores: np.ndarray) -> tuple[float, np.ndarray]:
-        """Point AUC (equal to ``diagnostics.roc_auc`` on the labelled steps) and resampled AUCs."""
-        s = np.asarray(scores, dtype=float)
-        pos = self.known & self.good
-        neg = self.known & ~self.good
-        s_pos, g_pos = s[pos], self.group[pos]
-        u = np.zeros((self.n_groups, self.n_groups))
-        for h in np.flatnonzero(self.n_neg):
-            b = np.sort(s[neg & (self.group == h)])
-            less = np.searchsorted(b, s_pos, side="left")
-            u[:, h] = np.bincount(g_pos, weights=less + 0.5 * (np.searchsorted(b, s_pos, side="right") - less),
-                                  minlength=self.n_groups)
-        den = self.n_pos.sum() * self.n_neg.sum()
-        point = u.sum() / den if den else float("nan")
-        with np.errstate(invalid="ignore", divide="ignore"):
-            samples = ((self.w @ u) * self.w).sum(axis=1) / ((self.w @ self.n_pos) * (self.w @ self.n_neg))
-        return float(point), samples
-
-    def auc(self, scores: np.ndarray) -> Estimate:
-        return self.estimate(*self.auc_samples(scores))
-
-    def sign_accuracy(self, scores: np.ndarray) -> Estimate:
-        """Mean of [A > 0] (good) / [A < 0] (bad), A = 0 counting 1/2 (``diagnostics.sign_accuracy``)."""
-        s = np.asarray(scores, dtype=float)
-        hit = (np.where(self.good, np.sign(s), -np.sign(s)) + 1.0) / 2.0
-        num = np.bincount(self.group[self.known], weights=hit[self.known], minlength=self.n_groups)
-        return self.ratio(num, self.n_pos + self.n_neg)
 
 
 def evaluate(rec: Recording, variants: Sequence[Variant], *, n_resamples: int = 1000, seed: int = 0,

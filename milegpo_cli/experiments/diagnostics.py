@@ -9,13 +9,14 @@
   positive credit) is *true* when some step entering it also reached a true subgoal of the task;
   recall is the fraction of (group, subgoal) events reached in the group that a true discovered
   milestone covers.
-- Intervals: percentile bootstrap over groups (a group is resampled whole), ``scipy.stats.bootstrap``.
+- Intervals: percentile bootstrap over groups (a group is resampled whole), :class:`GroupBootstrap`.
 
 The recomputation on stored rollouts runs every estimator through ``credit.compute_advantages`` on
 the *same* rollouts, so differences come from credit assignment alone.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
@@ -88,19 +89,68 @@ def milestone_match(
     return MilestoneMatch(len(discovered), len(true), len(events), len(covered & events))
 
 
-def _bootstrap_over_groups(n_groups: int, statistic, *, n_resamples: int, seed: int) -> Estimate:
-    """statistic(group_indices) with a percentile CI from resampling groups with replacement."""
-    idx = np.arange(n_groups)
-    point = float(statistic(idx))
-    if n_groups < 2 or not np.isfinite(point):
-        return Estimate(point, point, point)
-    res = stats.bootstrap(
-        (idx,), lambda g: statistic(np.asarray(g, dtype=int)), vectorized=False, paired=False,
-        n_resamples=n_resamples, confidence_level=CONFIDENCE, method="percentile",
-        rng=np.random.default_rng(seed),
-    )
-    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    return Estimate(point, lo if np.isfinite(lo) else point, hi if np.isfinite(hi) else point)
+class GroupBootstrap:
+    """Percentile bootstrap over groups (a group is resampled whole), vectorised: resample r draws G
+    groups with replacement, summarised by the count matrix W (R x G). A ratio of per-group sums is
+    (W a) / (W b); the AUC of a resample is sum_gh W_g W_h U_gh / ((W P)(W N)) with U_gh the
+    Mann-Whitney count (ties 1/2) of good steps of group g over bad steps of group h, P_g / N_h the
+    good / bad counts. A resample on which the statistic is undefined (no good or no bad step drawn)
+    is left out of the percentiles. The one bootstrap of the credit diagnostics (``diagnose``, the
+    credit benchmark); ~100x faster than scipy.stats.bootstrap with a per-resample statistic."""
+
+    def __init__(self, step_group: np.ndarray, good: np.ndarray, known: np.ndarray, n_groups: int,
+                 n_resamples: int, seed: int = 0):
+        self.group = np.asarray(step_group, dtype=int)
+        self.good, self.known, self.n_groups = np.asarray(good, bool), np.asarray(known, bool), n_groups
+        draws = np.random.default_rng(seed).integers(0, n_groups, size=(n_resamples, n_groups))
+        self.w = np.zeros((n_resamples, n_groups))
+        np.add.at(self.w, (np.repeat(np.arange(n_resamples), n_groups), draws.ravel()), 1.0)
+        pos, neg = self.known & self.good, self.known & ~self.good
+        self.n_pos = np.bincount(self.group[pos], minlength=n_groups).astype(float)
+        self.n_neg = np.bincount(self.group[neg], minlength=n_groups).astype(float)
+
+    def estimate(self, point: float, samples: np.ndarray) -> Estimate:
+        samples = samples[np.isfinite(samples)]
+        if self.n_groups < 2 or not math.isfinite(point) or samples.size == 0:
+            return Estimate(point, point, point)
+        lo, hi = np.percentile(samples, [50 * (1 - CONFIDENCE), 50 * (1 + CONFIDENCE)])
+        return Estimate(point, float(lo), float(hi))
+
+    def ratio_samples(self, num: np.ndarray, den: np.ndarray) -> tuple[float, np.ndarray]:
+        """Point and resampled values of sum(num_g) / sum(den_g) (per-group arrays)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return num.sum() / den.sum() if den.sum() else float("nan"), (self.w @ num) / (self.w @ den)
+
+    def ratio(self, num: np.ndarray, den: np.ndarray) -> Estimate:
+        return self.estimate(*self.ratio_samples(num, den))
+
+    def auc_samples(self, scores: np.ndarray) -> tuple[float, np.ndarray]:
+        """Point AUC (equal to ``diagnostics.roc_auc`` on the labelled steps) and resampled AUCs."""
+        s = np.asarray(scores, dtype=float)
+        pos = self.known & self.good
+        neg = self.known & ~self.good
+        s_pos, g_pos = s[pos], self.group[pos]
+        u = np.zeros((self.n_groups, self.n_groups))
+        for h in np.flatnonzero(self.n_neg):
+            b = np.sort(s[neg & (self.group == h)])
+            less = np.searchsorted(b, s_pos, side="left")
+            u[:, h] = np.bincount(g_pos, weights=less + 0.5 * (np.searchsorted(b, s_pos, side="right") - less),
+                                  minlength=self.n_groups)
+        den = self.n_pos.sum() * self.n_neg.sum()
+        point = u.sum() / den if den else float("nan")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            samples = ((self.w @ u) * self.w).sum(axis=1) / ((self.w @ self.n_pos) * (self.w @ self.n_neg))
+        return float(point), samples
+
+    def auc(self, scores: np.ndarray) -> Estimate:
+        return self.estimate(*self.auc_samples(scores))
+
+    def sign_accuracy(self, scores: np.ndarray) -> Estimate:
+        """Mean of [A > 0] (good) / [A < 0] (bad), A = 0 counting 1/2 (``diagnostics.sign_accuracy``)."""
+        s = np.asarray(scores, dtype=float)
+        hit = (np.where(self.good, np.sign(s), -np.sign(s)) + 1.0) / 2.0
+        num = np.bincount(self.group[self.known], weights=hit[self.known], minlength=self.n_groups)
+        return self.ratio(num, self.n_pos + self.n_neg)
 
 
 @dataclass(frozen=True)
@@ -148,14 +198,8 @@ def diagnose_credit(
         raise DiagnosticsError(f"diagnose_credit: {adv.size} advantages, {grp.size} group ids, {known.size} labels")
     good = np.array([bool(g) for g in oracle_good], dtype=bool)
     n_groups = int(grp.max()) + 1 if grp.size else 0
-    by_group = [np.flatnonzero((grp == g) & known) for g in range(n_groups)]
-
-    def steps_of(gs: np.ndarray) -> np.ndarray:
-        return np.concatenate([by_group[g] for g in gs]) if len(gs) else np.zeros(0, dtype=int)
-
-    kw = dict(n_resamples=n_resamples, seed=seed)
-    auc = _bootstrap_over_groups(n_groups, lambda gs: roc_auc(adv[steps_of(gs)], good[steps_of(gs)]), **kw)
-    acc = _bootstrap_over_groups(n_groups, lambda gs: sign_accuracy(adv[steps_of(gs)], good[steps_of(gs)]), **kw)
+    boot = GroupBootstrap(grp, good, known, n_groups, n_resamples, seed)
+    auc, acc = boot.auc(adv), boot.sign_accuracy(adv)
     precision = recall = None
     counts: dict = {}
     if milestones is not None:
@@ -163,12 +207,7 @@ def diagnose_credit(
             raise DiagnosticsError(f"diagnose_credit: {len(milestones)} milestone matches for {n_groups} groups")
         m = np.array([[mm.discovered, mm.true, mm.subgoals, mm.found] for mm in milestones], dtype=float)
         m = m.reshape(-1, 4)
-
-        def ratio(num: int, den: int):
-            return lambda gs: m[gs, num].sum() / m[gs, den].sum() if m[gs, den].sum() else float("nan")
-
-        precision = _bootstrap_over_groups(n_groups, ratio(1, 0), **kw)
-        recall = _bootstrap_over_groups(n_groups, ratio(3, 2), **kw)
+        precision, recall = boot.ratio(m[:, 1], m[:, 0]), boot.ratio(m[:, 3], m[:, 2])
         counts = dict(zip(("discovered", "true", "subgoals", "found"), (int(v) for v in m.sum(axis=0))))
     return CreditDiagnostics(
         name=name or algo, algo=algo, drop=tuple(drop), n_groups=n_groups, n_steps=int(known.sum()),

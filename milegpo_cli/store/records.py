@@ -1,4 +1,5 @@
-"""Plain records the trainer hands to the store (one per episode, step and milestone/trap candidate)."""
+"""Plain records the trainer hands to the store (one per episode and step; the milestone / trap candidates
+are the estimators' own ``credit.Candidate``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,19 +42,3 @@ class EpisodeRecord:
     error: str | None = None  # engine traceback when the episode failed
     steps: list[StepRecord] = field(default_factory=list)
     final_state: str | None = None  # kappa of the state after the last step (None: not recorded)
-
-
-@dataclass
-class CandidateRecord:
-    """A milestone or trap candidate of one group (docs/algorithms.md, "MileGPO v3" and "MileGPO v2")."""
-
-    group: str
-    key: str
-    kind: str  # "milestone" | "trap"
-    n_pos: int
-    n_neg: int
-    rho: float
-    distance: float | None  # d(v) steps to SUCCESS; None (or inf) when unreachable
-    progress_ok: float | None  # share in [0, 1] of the credited entries that pass the progress gate; None: n/a
-    branch_ok: float | None  # same for the same-state branch check
-    credit: float

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -18,7 +18,10 @@ from milegpo_cli.errors import RunNotFound, StoreError
 from milegpo_cli.store.database import Database
 from milegpo_cli.store.models import (EVALUATION_PHASES, Candidate, Checkpoint, Episode, Evaluation, Experiment,
                                       Iteration, Run, Step, TaskMemory)
-from milegpo_cli.store.records import CandidateRecord, EpisodeRecord
+from milegpo_cli.store.records import EpisodeRecord
+
+if TYPE_CHECKING:  # the estimators' candidates, stored as they are (no import at run time: `milegpo runs` starts fast)
+    from milegpo_cli.credit.result import Candidate as CreditCandidate
 
 RUN_STATUSES = ("created", "running", "finished", "failed", "killed")
 MAX_ID = 2**63 - 1  # the largest id a 64-bit INTEGER column holds; a larger one names no row
@@ -74,8 +77,9 @@ def _step_rows(episode_id: int, episode: EpisodeRecord) -> list[dict[str, Any]]:
     } for s in episode.steps]
 
 
-def _candidate_row(run_id: int, iteration: int, c: CandidateRecord) -> dict[str, Any]:
-    finite = c.distance is not None and math.isfinite(c.distance)
+def _candidate_row(run_id: int, iteration: int, c: CreditCandidate) -> dict[str, Any]:
+    """A candidate's row: an unreachable distance (inf) and a test that does not apply (NaN) are NULL."""
+    finite = math.isfinite(c.distance)
     return {"run_id": run_id, "iteration": iteration, "group": c.group, "key": c.key, "kind": c.kind,
             "n_pos": int(c.n_pos), "n_neg": int(c.n_neg), "rho": float(c.rho),
             "distance": float(c.distance) if finite else None, "progress_ok": _share(c.progress_ok),
@@ -118,16 +122,20 @@ class RunStore(Database):
         self._write(lambda s: s.execute(update(Experiment).where(Experiment.id == experiment_id)
                                         .values(mlflow_run_id=mlflow_run_id)))
 
-    def get_experiment(self, ref: int | str) -> dict[str, Any]:
-        """By id, or by name (the newest experiment of that name)."""
+    def _by_ref(self, model: type, ref: int | str, what: str) -> dict[str, Any]:
+        """The row of ``model`` (Run, Experiment) by id, or by name (the newest of that name); RunNotFound."""
         def fn(s: Session) -> list[dict[str, Any]]:
             if isinstance(ref, int) or str(ref).isdecimal():
-                return _rows(s, Experiment, Experiment.id == int(ref)) if int(ref) <= MAX_ID else []
-            return _rows(s, Experiment, Experiment.name == ref, order=[Experiment.id.desc()])[:1]
+                return _rows(s, model, model.id == int(ref)) if int(ref) <= MAX_ID else []
+            return _rows(s, model, model.name == ref, order=[model.id.desc()])[:1]
         rows = self._read(fn)
         if not rows:
-            raise RunNotFound(f"experiment '{ref}' not found in {self.display_url}")
+            raise RunNotFound(f"{what} '{ref}' not found in {self.display_url}")
         return rows[0]
+
+    def get_experiment(self, ref: int | str) -> dict[str, Any]:
+        """By id, or by name (the newest experiment of that name)."""
+        return self._by_ref(Experiment, ref, "experiment")
 
     def list_experiments(self) -> list[dict[str, Any]]:
         return self._read(lambda s: _rows(s, Experiment, order=[Experiment.id]))
@@ -156,14 +164,7 @@ class RunStore(Database):
 
     def get_run(self, ref: int | str) -> dict[str, Any]:
         """By id, or by name (the newest run of that name); raises RunNotFound."""
-        def fn(s: Session) -> list[dict[str, Any]]:
-            if isinstance(ref, int) or str(ref).isdecimal():
-                return _rows(s, Run, Run.id == int(ref)) if int(ref) <= MAX_ID else []
-            return _rows(s, Run, Run.name == ref, order=[Run.id.desc()])[:1]
-        rows = self._read(fn)
-        if not rows:
-            raise RunNotFound(f"run '{ref}' not found in {self.display_url}")
-        return rows[0]
+        return self._by_ref(Run, ref, "run")
 
     def list_runs(self, experiment_id: int | None = None) -> list[dict[str, Any]]:
         """Runs in id order, each with ``iterations`` (count) and the last iteration's success rate."""
@@ -215,7 +216,7 @@ class RunStore(Database):
             s.execute(insert(Step), steps)
 
     def record_iteration(self, run_id: int, iteration: int, metrics: dict[str, Any],
-                         episodes: Sequence[EpisodeRecord] = (), candidates: Sequence[CandidateRecord] = ()) -> None:
+                         episodes: Sequence[EpisodeRecord] = (), candidates: Sequence[CreditCandidate] = ()) -> None:
         """Write one iteration (metrics, episodes with their steps, candidates) in one transaction.
         Recording an iteration again replaces it, so a resumed run never duplicates rows."""
         def fn(s: Session) -> None:

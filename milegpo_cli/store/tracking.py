@@ -15,7 +15,9 @@ does not answer within :data:`PROBE_TIMEOUT_S` is a :class:`TrackingUnavailable`
 is stored. Once a run is under way, the server going away does not stop training (the store is the
 record): metric batches that cannot be sent are kept in memory, the console says so once, and they
 are sent in order, back-filling MLflow, at the first call at least :data:`RETRY_S` seconds later that
-finds the server back. Points still unsent when the run ends are reported in one warning.
+finds the server back. Points still unsent when the run ends are reported in one warning naming the
+command that sends them: the next command that opens the run (``train --resume``) sends every point
+the store holds and MLflow lacks (:meth:`Tracker.backfill`), and says so in one line.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from milegpo_cli.config import flatten
 from milegpo_cli.errors import MilegpoError
@@ -255,19 +257,36 @@ class Tracker:
         for i in range(0, len(items), PARAM_BATCH):
             self.client.log_batch(run_id, params=items[i:i + PARAM_BATCH])
 
-    @deferred_interrupts()
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """All finite numeric metrics of one step in one batch (nested dicts are flattened)."""
+    def _keep(self, metrics: Mapping[str, float], step: int) -> int:
+        """Queue the finite numeric metrics of one step that the run does not hold yet; returns how many."""
         from mlflow.entities import Metric
 
-        run_id = self._require_run()
         now = int(time.time() * 1000)
         items = [Metric(k, float(v), now, step) for k, v in flatten(metrics).items()
                  if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
                  and step not in self._logged.get(k, ())]
         if items:
             self._pending.append((step, items))
+        return len(items)
+
+    @deferred_interrupts()
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """All finite numeric metrics of one step in one batch (nested dicts are flattened)."""
+        run_id = self._require_run()
+        self._keep(metrics, step)
         self._send(run_id)
+
+    @deferred_interrupts()
+    def backfill(self, points: Iterable[tuple[int, Mapping[str, float]]]) -> None:
+        """Send the (step, metrics) of a resumed run that it does not hold (logged while its server was
+        away and never sent: the store's record of them); one line says how many."""
+        run_id = self._require_run()
+        counts = {step: self._keep(metrics, step) for step, metrics in points}
+        steps = sorted(step for step, n in counts.items() if n)
+        self._send(run_id, force=True)
+        if steps and not self._pending:
+            self.warn(f"MLflow run {run_id} lacked {sum(counts.values())} metric points (steps {steps[0]}..{steps[-1]}) "
+                      "logged while its tracking server was away; sent now from the store")
 
     def _send(self, run_id: str, force: bool = False) -> None:
         """Send the kept batches in order; a server that does not answer keeps them (module docstring)."""
@@ -306,9 +325,9 @@ class Tracker:
         self.client.log_artifact(self._require_run(), str(path), artifact_path)
 
     @deferred_interrupts()
-    def end(self, status: str = "FINISHED") -> None:
+    def end(self, status: str = "FINISHED", resume: str = "") -> None:
         """status: FINISHED, FAILED or KILLED. With the server still away: one warning, no error (the
-        store holds every value)."""
+        store holds every value; ``resume``, the command that opens the run again, sends them)."""
         from mlflow.exceptions import MlflowException
 
         run_id = self._require_run()
@@ -322,7 +341,10 @@ class Tracker:
             if not (_is_server(self.uri) and _unreachable(err)):
                 raise
         steps = sorted({step for step, _ in self._pending})
-        self.warn(f"MLflow tracking server {self.uri} does not answer: MLflow run {run_id} misses "
-                  f"{sum(len(items) for _, items in self._pending)} metric points (steps {steps[0]}..{steps[-1]}) "
-                  f"and stays marked running; the store holds them all" if steps else
-                  f"MLflow tracking server {self.uri} does not answer: MLflow run {run_id} stays marked running")
+        away = f"MLflow tracking server {self.uri} does not answer: MLflow run {run_id}"
+        if steps:
+            self.warn(f"{away} misses {sum(len(items) for _, items in self._pending)} metric points (steps "
+                      f"{steps[0]}..{steps[-1]}) and stays marked running; the store holds them all"
+                      + (f", and `{resume}` sends them once the server answers" if resume else ""))
+        else:
+            self.warn(f"{away} stays marked running" + (f"; `{resume}` ends it once the server answers" if resume else ""))

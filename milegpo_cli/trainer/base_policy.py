@@ -137,9 +137,9 @@ def build_for_recipe(config, log=print) -> tuple[Path, dict[str, float]]:
     """`milegpo policy build-base`: the recipe's base policy folder (built if missing) and its metrics."""
     from envs.registry import make_suite
     from milegpo_cli.policy.hf import resolve_device
-    from milegpo_cli.trainer.threads import set_threads
+    from milegpo_cli.trainer.threads import plan_threads
 
-    set_threads(config.run.threads)
+    plan_threads(config).apply()
     env = config.env
     suite = make_suite(env.name, alfworld=env.alfworld, webshop=env.webshop, max_steps=env.max_steps)
     try:

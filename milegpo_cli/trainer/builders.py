@@ -1,16 +1,20 @@
 """What a run is built from, given its config: the task suite, the accelerator and the policy."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from milegpo_cli.config import Config
 
 
-def build_suite(config: Config):
+def build_suite(config: Config, workers: int | None = None):
+    """The config's environment suite; ``workers``: its ALFWorld engine worker processes as the thread
+    plan sized them (trainer/threads.py), None: as the config says."""
     from envs.registry import make_suite
 
     env = config.env
-    return make_suite(env.name, alfworld=env.alfworld, webshop=env.webshop, max_steps=env.max_steps)
+    alfworld = env.alfworld if workers is None else dataclasses.replace(env.alfworld, workers=workers)
+    return make_suite(env.name, alfworld=alfworld, webshop=env.webshop, max_steps=env.max_steps)
 
 
 def make_accelerator(config: Config):

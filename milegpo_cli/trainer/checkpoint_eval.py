@@ -17,7 +17,7 @@ from milegpo_cli.trainer.episode_records import episode_record, to_rollout
 from milegpo_cli.trainer.evaluation import run_evaluation
 from milegpo_cli.trainer.resume import checkpoint_root
 from milegpo_cli.trainer.seeding import derive_seed
-from milegpo_cli.trainer.threads import fit_to_cores, set_threads
+from milegpo_cli.trainer.threads import plan_threads
 
 READ_TRIES = 3  # reads of the newest checkpoint while a training run prunes them
 
@@ -57,14 +57,15 @@ def evaluate(store, run_id: int | str, split: str, episodes: int, checkpoint: in
     if episodes < 1:
         raise ValueError(f"episodes: must be >= 1, got {episodes}")
     check_owner(checkpoint_root(config, rid), row.get("mlflow_run_id"))
-    set_threads(config.run.threads)
-    config = fit_to_cores(config)
+    threads = plan_threads(config)
+    threads.apply()
     ckpt, policy = read_checkpoint(config, rid, checkpoint, make_accelerator(config).device, console)
-    suite = build_suite(config)
+    suite = build_suite(config, threads.rollout.workers)
     venv = suite.make_vector_env(min(episodes, 32), oracle=True)
     try:
         metrics, played = run_evaluation(config, policy, venv, suite, split, episodes,
-                                         seed=derive_seed(config.run.seed, "rollout", ckpt.iteration, split))
+                                         seed=derive_seed(config.run.seed, "rollout", ckpt.iteration, split),
+                                         threads=threads)
     finally:
         venv.close()
         suite.close()

@@ -1,12 +1,10 @@
 """Played episodes as the credit package's :class:`Rollout` and as the store's records."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from milegpo_cli.credit import Rollout
-from milegpo_cli.store.records import CandidateRecord, EpisodeRecord, StepRecord
+from milegpo_cli.store.records import EpisodeRecord, StepRecord
 from milegpo_cli.trainer.rollout import INVALID_ACTION, Episode
 
 
@@ -46,14 +44,3 @@ def episode_record(ep: Episode, parts: dict[str, np.ndarray] | None = None, offs
                          group=group_key(ep.group), index=ep.index, outcome=ep.score, success=ep.won,
                          length=ep.length, invalid_count=sum(ep.invalid), error=ep.error, steps=steps,
                          final_state=ep.final_state or None)
-
-
-def _none_if_nan(x: float) -> float | None:
-    return None if math.isnan(x) else float(x)
-
-
-def candidate_record(c) -> CandidateRecord:
-    return CandidateRecord(group=c.group, key=c.key, kind=c.kind, n_pos=int(c.n_pos), n_neg=int(c.n_neg),
-                           rho=float(c.rho), distance=None if math.isinf(c.distance) else float(c.distance),
-                           progress_ok=_none_if_nan(c.progress_ok), branch_ok=_none_if_nan(c.branch_ok),
-                           credit=float(c.credit))

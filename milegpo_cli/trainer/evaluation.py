@@ -27,7 +27,7 @@ from milegpo_cli.errors import ConfigError
 from milegpo_cli.intervals import wilson_interval
 from milegpo_cli.trainer.rollout import Episode, RolloutStats, expert_walkthroughs, reward_penalty, run_episodes
 from milegpo_cli.trainer.task_pools import tasks_at
-from milegpo_cli.trainer.threads import torch_threads
+from milegpo_cli.trainer.threads import ThreadPlan
 
 EVAL_TASK_SEED = 0  # the fixed evaluation task lists do not depend on the run seed
 # evaluation episodes played at a time: fixed, so that the evaluation's random draws and the probe's
@@ -79,22 +79,31 @@ def eval_tasks(suite, split: str, episodes: int, task_types: tuple[str, ...] = (
     return tasks_at(suite, split, positions[:episodes], EVAL_TASK_SEED)
 
 
-def run_evaluation(config, policy, venv, suite, split: str, episodes: int, seed: int) -> tuple[dict[str, float], list[Episode]]:
-    """One episode per fixed task of ``split`` (of ``run.task_types``), in a forked RNG seeded from ``seed``."""
+def run_evaluation(config, policy, venv, suite, split: str, episodes: int, seed: int,
+                   threads: ThreadPlan) -> tuple[dict[str, float], list[Episode]]:
+    """One episode per fixed task of ``split`` (of ``run.task_types``), in a forked RNG seeded from ``seed``,
+    with the rollout's threads and lanes of ``threads``."""
     tasks = eval_tasks(suite, split, episodes, config.run.task_types)
     played: list[Episode] = []
     stats = RolloutStats()
-    with torch.random.fork_rng(devices=[]), torch_threads(config.rollout.threads):
+    with torch.random.fork_rng(devices=[]), threads.rolling_out():
         torch.manual_seed(seed)
         for start in range(0, len(tasks), venv.num_envs):
             chunk = run_episodes(policy, venv, tasks[start:start + venv.num_envs], 1, max_steps=suite.max_steps,
                                  success_reward=config.rollout.success_reward,
                                  invalid_penalty=reward_penalty(config), greedy=config.eval.greedy,
-                                 temperature=config.eval.temperature, stats=stats, lanes=config.rollout.lanes)
+                                 temperature=config.eval.temperature, stats=stats, lanes=threads.rollout.lanes)
             for ep in chunk:
                 ep.group += start
             played.extend(chunk)
     return episode_metrics(played), played
+
+
+def evaluation_metrics(split: str, phase: str | None, metrics: dict) -> dict[str, float]:
+    """An evaluation's metrics as MLflow holds them: ``eval_<split>/...`` after training iterations (phase
+    ``train``), ``eval_<phase>_<split>/...`` for the policy PPO starts from."""
+    prefix = f"eval_{split}/" if phase in ("train", None) else f"eval_{phase}_{split}/"
+    return {prefix + k: v for k, v in Probe.scalars(metrics).items()}
 
 
 @dataclass

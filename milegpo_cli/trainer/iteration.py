@@ -18,23 +18,23 @@ from envs.faults import fault_point
 from milegpo_cli.config import Config
 from milegpo_cli.credit import RolloutBatch, compute_advantages
 from milegpo_cli.credit.memory import Memory
-from milegpo_cli.credit.result import CreditResult
-from milegpo_cli.store.records import CandidateRecord, EpisodeRecord
+from milegpo_cli.credit.result import Candidate, CreditResult
+from milegpo_cli.store.records import EpisodeRecord
 from milegpo_cli.trainer.distributed import gather_iteration, group_offset, rank_parts, shard, world_size
 from milegpo_cli.trainer.credit_memory import memory_metrics
-from milegpo_cli.trainer.episode_records import candidate_record, episode_record, to_rollout
+from milegpo_cli.trainer.episode_records import episode_record, to_rollout
 from milegpo_cli.trainer.evaluation import episode_metrics
 from milegpo_cli.trainer.rollout import RolloutStats, reward_penalty, run_episodes
 from milegpo_cli.trainer.seeding import derive_seed, seed_everything
 from milegpo_cli.trainer.task_pools import ppo_pool
-from milegpo_cli.trainer.threads import torch_threads
+from milegpo_cli.trainer.threads import ThreadPlan
 
 
 @dataclass
 class IterationResult:
     metrics: dict[str, float]
     episodes: list[EpisodeRecord]
-    candidates: list[CandidateRecord]
+    candidates: list[Candidate]
     credit: CreditResult | None = None
 
 
@@ -55,17 +55,18 @@ def sample_tasks(pool: Sequence, groups: int, seed: int, iteration: int) -> list
 
 
 def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite, iteration: int,
-                    memory: Memory | None = None) -> IterationResult:
-    """Sample tasks for ``iteration``, roll out G x N episodes, assign credit, update the policy."""
+                    *, threads: ThreadPlan, memory: Memory | None = None) -> IterationResult:
+    """Sample tasks for ``iteration``, roll out G x N episodes (threads and lanes of ``threads``), assign
+    credit, update the policy."""
     acc = updater.accelerator  # data parallel (trainer/distributed.py): this rank's block of the K x G tasks
     seed_everything(derive_seed(config.run.seed, "iteration", iteration, *rank_parts(acc)))
     tasks = shard(sample_tasks(pool, config.rollout.groups * world_size(acc), config.run.seed, iteration), acc)
     stats = RolloutStats()
     t0 = time.perf_counter()
-    with torch_threads(config.rollout.threads):
+    with threads.rolling_out():
         episodes = run_episodes(policy, venv, tasks, config.rollout.group_size, max_steps=suite.max_steps,
                                 success_reward=config.rollout.success_reward,
-                                invalid_penalty=reward_penalty(config), stats=stats, lanes=config.rollout.lanes)
+                                invalid_penalty=reward_penalty(config), stats=stats, lanes=threads.rollout.lanes)
     for e in episodes:  # group numbers unique over ranks
         e.group += group_offset(acc, config.rollout.groups)
     t_rollout = time.perf_counter() - t0
@@ -95,7 +96,7 @@ def train_iteration(config: Config, policy, updater, venv, pool: Sequence, suite
         else:
             records.append(episode_record(e, parts, offset))
             offset += e.length
-    every = gather_iteration(episodes, records, [candidate_record(c) for c in result.candidates], stats.steps,
+    every = gather_iteration(episodes, records, list(result.candidates), stats.steps,
                              policy.model, acc)  # all ranks' output (one process: this one's)
     total = t_rollout + t_credit + t_update
     metrics = {

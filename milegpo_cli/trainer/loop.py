@@ -38,14 +38,14 @@ from milegpo_cli.trainer.checkpoint import DiskFull, claim_folder, save_checkpoi
 from milegpo_cli.trainer.credit_memory import RunMemory
 from milegpo_cli.trainer.distributed import world_size
 from milegpo_cli.trainer.episode_records import episode_record
-from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe, format_success, run_evaluation
+from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe, evaluation_metrics, format_success, run_evaluation
 from milegpo_cli.trainer.iteration import numeric_metrics, train_iteration, train_pool
 from milegpo_cli.trainer.provenance import run_name
 from milegpo_cli.trainer.resume import checkpoint_root, load_resume, open_run, stopped
 from milegpo_cli.trainer.rollout import expert_walkthroughs
 from milegpo_cli.trainer.seeding import derive_seed, seed_everything
 from milegpo_cli.cores import LoadMeter
-from milegpo_cli.trainer.threads import fit_to_cores, follow_load, set_threads
+from milegpo_cli.trainer.threads import ThreadPlan, plan_threads
 from milegpo_cli.trainer.task_pools import warmstart_tasks
 
 
@@ -81,8 +81,9 @@ class Evaluator:
     """Evaluations and the probe of one run: stored with their phase, logged to MLflow and printed
     (one line per split, success with its Wilson interval)."""
 
-    def __init__(self, config: Config, suite, venv, probe: Probe, store, tracker, run_id: int, console):
-        self.config, self.suite, self.venv, self.probe = config, suite, venv, probe
+    def __init__(self, config: Config, suite, venv, probe: Probe, store, tracker, run_id: int, console,
+                 threads: ThreadPlan):
+        self.config, self.suite, self.venv, self.probe, self.threads = config, suite, venv, probe, threads
         self.store, self.tracker, self.run_id, self.console = store, tracker, run_id, console
 
     def __call__(self, policy, iteration: int, phase: str,
@@ -93,14 +94,14 @@ class Evaluator:
         out = {}
         for split in cfg.eval.splits:
             metrics, played = run_evaluation(cfg, policy, self.venv, self.suite, split, cfg.eval.episodes,
-                                             seed=derive_seed(cfg.run.seed, "eval", iteration, split))
+                                             seed=derive_seed(cfg.run.seed, "eval", iteration, split),
+                                             threads=self.threads)
             metrics.update(probes.get(split, {}))
             out[split] = metrics
             if self.tracker is not None:  # main process only
                 self.store.record_evaluation(self.run_id, split, metrics, [episode_record(e) for e in played],
                                              iteration=iteration, phase=phase)
-                prefix = f"eval_{split}/" if phase == "train" else f"eval_{phase}_{split}/"
-                self.tracker.log_metrics({prefix + k: v for k, v in Probe.scalars(metrics).items()}, step=iteration)
+                self.tracker.log_metrics(evaluation_metrics(split, phase, metrics), step=iteration)
             probe = (f"  probe logp {metrics['probe_expert_logp']:.3f}" if "probe_expert_logp" in metrics else "")
             self.console.print(f"eval {phase} (iteration {iteration}) {split}: success {format_success(metrics)}  "
                                f"outcome {metrics['mean_outcome']:.3f}{probe}", soft_wrap=True)
@@ -150,20 +151,21 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
     run_id, ckpt = None, None
     if resume_run is not None:  # the stored config, in the caller's run folder; checkpoint verified
         run_id, config, ckpt = load_resume(store, resume_run, config.store.root)
-    set_threads(config.run.threads)
+    threads = plan_threads(config)  # torch threads, engine workers, lanes: this process's cores
+    threads.apply()
     accelerator = make_accelerator(config)
     main = accelerator.is_main_process  # only the main process writes the store, MLflow and checkpoints
     opened = open_run(config, store, tracker_uri or config.store.mlflow_uri, run_id, ckpt, main, accelerator)
     run_id, tracker = opened.run_id, opened.tracker
     plain = not console.is_terminal  # nohup, CI, a cluster job: one plain line per iteration
     log = partial(console.print, soft_wrap=True)
-    config, meter = fit_to_cores(config), LoadMeter()  # workers, lanes, threads: this process's cores
+    meter = LoadMeter()
     G, N = config.rollout.groups, config.rollout.group_size
     suite = venv = eval_venv = None
     try:  # from here on a stop marks the run killed and releases its lock
         if main:  # the run's checkpoint folder: its own, not another store's run of the same id
             claim_folder(checkpoint_root(config, run_id), opened.mlflow_run_id, fresh=ckpt is None)
-        suite = build_suite(config)
+        suite = build_suite(config, threads.rollout.workers)
         venv = suite.make_vector_env(G * N, oracle=config.env.oracle if config.env.name == "alfworld"
                                      else config.env.oracle != "off")
         eval_venv = suite.make_vector_env(min(config.eval.episodes, EVAL_ENVS), oracle=False)
@@ -171,7 +173,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
         pool = train_pool(config, suite)
         probe = Probe.collect(suite, config.eval.splits, config.eval.episodes, config.eval.probe_states,
                               eval_venv.num_envs, config.run.task_types)
-        evaluate = Evaluator(config, suite, eval_venv, probe, store, tracker, run_id, console)
+        evaluate = Evaluator(config, suite, eval_venv, probe, store, tracker, run_id, console, threads)
         start = 0
         if ckpt is None:
             with accelerator.main_process_first():  # cached models are built by rank 0 (transformers saves only there)
@@ -194,9 +196,8 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
                                     status="")
             for it in range(start + 1, config.run.iterations + 1):
                 t0 = time.perf_counter()
-                load = follow_load(meter)  # torch threads drop to the cores other processes leave free
-                set_threads(config.run.threads)
-                res = train_iteration(config, policy, updater, venv, pool, suite, it, memory=memory.tasks)
+                load = threads.follow_load(meter)  # torch threads drop to the cores other processes leave free
+                res = train_iteration(config, policy, updater, venv, pool, suite, it, threads=threads, memory=memory.tasks)
                 res.metrics.update(load)
                 probes = probe.measure(policy)
                 for split, values in probes.items():
@@ -226,7 +227,8 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
             with contextlib.suppress(StoreError):  # a store that does not answer cannot record the end
                 store.set_status(run_id, "killed" if isinstance(err, KeyboardInterrupt) else "failed")
         if tracker is not None:
-            tracker.end("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+            tracker.end("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED",
+                        resume_command(run_id, config.store.root, store.url))
         if isinstance(err, KeyboardInterrupt):
             raise stopped(run_id, config, store) from err
         raise
@@ -238,7 +240,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
             opened.lock.release()
     if tracker is not None:  # main process
         store.set_status(run_id, "finished")
-        tracker.end("FINISHED")
+        tracker.end("FINISHED", resume_command(run_id, config.store.root, store.url))
         print_summary(store, run_id, console, score=config.env.name == "webshop")
     return run_id
 

@@ -20,6 +20,7 @@ from milegpo_cli.run_folder import reroot, resume_command
 from milegpo_cli.store.locks import RunLock, refuse_if_held
 from milegpo_cli.trainer.checkpoint import Checkpoint, CheckpointError, check_owner, latest_checkpoint
 from milegpo_cli.trainer.distributed import broadcast_object
+from milegpo_cli.trainer.evaluation import evaluation_metrics
 from milegpo_cli.trainer.provenance import git_commit, package_versions, run_name
 
 
@@ -62,6 +63,14 @@ class OpenedRun:
     mlflow_run_id: str | None  # the run's MLflow run id (main process), which owns its checkpoint folder
 
 
+def logged_metrics(store, run_id: int) -> list[tuple[int, dict]]:
+    """(step, metrics) of everything a run logs to MLflow, as its store holds it: each iteration's metrics
+    at its step, each evaluation of training (not of ``milegpo rollout``) under its prefix."""
+    points = [(row["iteration"], row["metrics"] or {}) for row in store.iterations(run_id)]
+    return points + [(e["iteration"], evaluation_metrics(e["split"], e["phase"], e["metrics"] or {}))
+                     for e in store.evaluations(run_id) if e["checkpoint"] is None and e["iteration"] is not None]
+
+
 def create_run(config: Config, store) -> int:
     """Register a new run of ``config`` in the store, with its name, git commit and package versions."""
     return store.create_run(name=run_name(config), algo=config.run.algo, seed=config.run.seed, recipe=config.recipe,
@@ -94,6 +103,7 @@ def open_run(config: Config, store, tracker_uri: str, run_id: int | None, ckpt: 
             store.set_mlflow_run_id(run_id, mlflow_id)
         if not new:
             store.delete_after(run_id, ckpt.iteration if ckpt else -1)
+            tracker.backfill(logged_metrics(store, run_id))  # what MLflow missed while its server was away
             if ckpt is None:  # a registered run (ablate) starts now: it trains wholly under this commit
                 store.set_git_commit(run_id, git_commit())
         store.set_status(run_id, "running")
