@@ -201,6 +201,20 @@ def test_ray_usage_errors_are_one_line():
 
 
 @pytest.mark.slow
+def test_a_ray_member_killed_after_the_stop_grace_is_marked_killed(cluster, tmp_path):
+    """MILEGPO_STOP_GRACE=0: each member's ``train`` is SIGKILLed at once after its SIGTERM, before it
+    can mark its run; the driver marks them killed in the store and MLflow and releases their locks
+    (they stayed running, their locks held, before)."""
+    from test_reliability_drivers import LONG, _cli as _cli_env, _stop_and_check
+
+    proc = _cli_env("ablate", "--recipe", "webshop", *LONG, "--no-ablations", "--seeds", "2", "--ray", cluster.address,
+                    "--runs-dir", str(tmp_path), env={"MILEGPO_STOP_GRACE": "0"}, stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT)
+    out = _stop_and_check(proc, signal.SIGTERM, tmp_path, 2)
+    assert out.count("killed after 0 s, marked killed") == 2, out[-3000:]
+
+
+@pytest.mark.slow
 def test_sigterm_to_a_ray_driver_stops_every_member_at_once(cluster, tmp_path):
     """Two members train on the two nodes; SIGTERM to the driver: within 30 s every member is killed in
     the store and MLflow, one line, exit 143 (they trained on for ~60 s and stayed running before)."""
@@ -233,7 +247,8 @@ def test_a_member_on_a_node_without_its_folder_is_not_retried(cluster, tmp_path)
     ray_dispatch.connect(cluster.address)
     try:
         task = ray.remote(ray_dispatch._member).options(num_cpus=0)
-        answer = ray.get(task.remote(["-c", "pass"], {}, str(tmp_path / "not-here"), "logs/run1.log", 1), timeout=120)
+        answer = ray.get(task.remote(["-c", "pass"], {}, str(tmp_path / "not-here"), "logs/run1.log", 1, 60.0),
+                         timeout=120)
         assert answer.startswith(f"folder {tmp_path / 'not-here'} is not seen by node "), answer
     finally:
         ray_dispatch.disconnect()

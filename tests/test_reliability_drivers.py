@@ -71,6 +71,17 @@ def test_a_signal_to_a_parallel_driver_marks_every_member_killed(tmp_path, sig):
     _stop_and_check(proc, sig, tmp_path, 2)
 
 
+@pytest.mark.slow
+def test_a_parallel_member_killed_after_the_stop_grace_is_marked_killed(tmp_path):
+    """MILEGPO_STOP_GRACE=0: each ``train`` is SIGKILLed right after its SIGTERM, before it can mark its
+    run; the driver marks them killed (store and MLflow) and releases their locks (they stayed running)."""
+    proc = _cli("ablate", "--recipe", "webshop", *LONG, "--no-ablations", "--seeds", "2", "--parallel", "2",
+                "--runs-dir", str(tmp_path), env={"MILEGPO_STOP_GRACE": "0"}, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT)
+    out = _stop_and_check(proc, signal.SIGTERM, tmp_path, 2)
+    assert out.count("killed after 0 s, marked killed") == 2, out[-3000:]
+
+
 # --- --ray to an address where no cluster answers -------------------------------------------------
 
 def _free_port() -> int:
