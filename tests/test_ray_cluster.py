@@ -273,3 +273,45 @@ def test_engine_actors_that_cannot_be_placed_are_one_line(cluster):
         ok.close()
     finally:
         ray_dispatch.disconnect()
+
+
+RAYLET_LINE_DRIVER = """
+import os, sys, time
+import ray
+from milegpo_cli.experiments import ray_dispatch
+
+class Seen:  # this driver's stdout, noting what Ray printed on it
+    def __init__(self, out):
+        self.out, self.text = out, ""
+    def write(self, text):
+        self.text += text
+        return self.out.write(text)
+    def __getattr__(self, name):
+        return getattr(self.out, name)
+
+sys.stdout = Seen(sys.stdout)
+ray_dispatch.connect(sys.argv[1])
+talk = ray.remote(num_cpus=0)(lambda: print("a worker prints", flush=True))
+die = ray.remote(num_cpus=0, max_retries=0)(lambda: os._exit(1))
+ray.get(talk.remote())
+try:
+    ray.get(die.remote())
+except ray.exceptions.WorkerCrashedError:
+    pass
+deadline = time.monotonic() + 60
+while "(raylet)" not in sys.stdout.text and time.monotonic() < deadline:
+    time.sleep(0.2)
+ray_dispatch.disconnect()
+"""
+
+
+def test_ray_lines_in_a_drivers_log_carry_no_escape_codes(cluster):
+    """A driver whose stdout is no terminal: a task that prints and one whose worker dies; Ray's own
+    `(raylet)` line about the dead worker reaches the driver's output without colour codes (it was
+    `\\x1b[33m(raylet)\\x1b[0m ...`), and the worker's print does not reach it (log_to_driver=False)."""
+    proc = subprocess.run([sys.executable, "-c", RAYLET_LINE_DRIVER, cluster.address], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "(raylet) A worker died" in out, out[-3000:]
+    assert "\x1b[" not in out and "a worker prints" not in out, out[-3000:]

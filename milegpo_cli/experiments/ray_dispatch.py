@@ -94,11 +94,15 @@ def probe(address: str, timeout: float) -> None:
 def connect(address: str) -> None:
     """Join the cluster at ``address`` (``local``: start one on this machine's cores) within
     :func:`connect_timeout`. ray.init's own SIGTERM handler is replaced by the one it found, so that
-    SIGTERM stops the members as Ctrl-C does."""
+    SIGTERM stops the members as Ctrl-C does. Ray still prints the cluster's error messages about this
+    driver's tasks (``(raylet) A worker died ...``, whatever ``log_to_driver``); when stdout is no
+    terminal they carry no colour codes (``RAY_COLOR_PREFIX=0``, read by Ray as it prints)."""
     if ray.is_initialized():
         return
     timeout = connect_timeout()
     probe(address, timeout)
+    if not sys.stdout.isatty():
+        os.environ["RAY_COLOR_PREFIX"] = "0"
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         if address == LOCAL:
