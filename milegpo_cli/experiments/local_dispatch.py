@@ -4,8 +4,9 @@ With ``parallel`` 1 each member trains in this process (``train(resume_run=...)`
 ``milegpo train --resume RUN`` subprocess of its own session, at most ``parallel`` at a time, with
 its share of this process's cores (milegpo_cli/cores.py) and its log in ``<root>/logs/run<ID>.log``.
 Interrupted (Ctrl-C, SIGTERM, SIGHUP), the running members get SIGTERM and mark their runs killed; one
-still there after the grace period (interrupts.stop_grace) is SIGKILLed and its run marked killed here. ray_dispatch.py runs the same subprocesses as Ray tasks; what
-to train and in which order is experiments/ablate.py's.
+still there after the grace period (interrupts.stop_grace) is SIGKILLed and its run marked killed here.
+ray_dispatch.py runs the same subprocesses as Ray tasks; what to train and in which order is
+experiments/ablate.py's.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def train_members(store, todo: list[tuple[Any, int]], parallel: int, console, tr
     return failed
 
 
-def _train_parallel(store, todo: list[tuple[Any, int]], parallel: int, console, killed: Callable[[int], bool]) -> list[str]:
+def _train_parallel(store, todo: list[tuple[Any, int]], parallel: int, console,
+                    killed: Callable[[int], bool]) -> list[str]:
     """``milegpo train --resume RUN`` subprocesses, at most ``parallel`` at a time; logs beside the store.
     Interrupted (Ctrl-C, SIGTERM), it stops the running members, which mark their runs killed."""
     grace = stop_grace()
