@@ -9,15 +9,14 @@ plain text (``rich_markup_mode=None``): option metavars as written there, every 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
 import typer
 
 from milegpo_cli.commands import experiments, training
-from milegpo_cli.commands.common import stop_signal
 from milegpo_cli.commands.prepare import envs_app, policy_app
 from milegpo_cli.commands.runs import runs_app, ui
+from milegpo_cli.interrupts import install_stop_handlers
 from milegpo_cli.relaunch import ensure_cpu_processes
 
 app = typer.Typer(help="MileGPO / GiGPO / GRPO experiments on ALFWorld and WebShop: train, evaluate, "
@@ -31,20 +30,9 @@ app.add_typer(envs_app, name="envs")
 app.add_typer(policy_app, name="policy")
 
 
-def _sigterm_as_interrupt(signum, frame) -> None:
-    """SIGTERM (``kill``, a scheduler, ``milegpo ablate`` stopping its members) and SIGHUP (the terminal
-    closed) end a command as Ctrl-C does: a run is marked killed in the store and MLflow. Later ones
-    are ignored so that the cleanup finishes."""
-    signal.signal(signum, signal.SIG_IGN)
-    stop_signal.append(signum)
-    raise KeyboardInterrupt
-
-
 def main() -> None:
     ensure_cpu_processes()
     if not sys.stderr.isatty():  # a log file gets no transformers / huggingface_hub progress bars
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup: stays ignored
-        signal.signal(signal.SIGHUP, _sigterm_as_interrupt)
+    install_stop_handlers()
     app()

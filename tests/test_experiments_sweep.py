@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from test_experiments_ablate import TINY, quiet
@@ -85,3 +89,19 @@ def test_a_huge_grid_needs_yes_before_anything_is_registered(tmp_path):
                                               r"500; .* pass --yes to go on"):
         run_sweep(config, store, None, [f"ppo.lr={lrs}", f"ppo.entropy_coef={ents}"], 1, None)
     assert store.list_experiments() == [] and store.list_runs() == []
+
+
+def test_a_huge_grid_refused_by_the_cli_creates_nothing(tmp_path):
+    """`sweep` without --yes over the limit: one line, exit 2, and no store, MLflow store or folder (the
+    CLI created the empty store before the check)."""
+    runs = tmp_path / "runs"
+    lrs = ",".join(f"{i}e-6" for i in range(1, 27))
+    ents = ",".join(f"{i / 1000}" for i in range(1, 21))
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "milegpo_cli", "sweep", "--recipe", "webshop", "--grid", f"ppo.lr={lrs}",
+                           "--grid", f"ppo.entropy_coef={ents}", "--seeds", "1", "--runs-dir", str(runs)],
+                          capture_output=True, text=True, cwd=root, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("error: sweep: the grid makes 520 members"), proc.stderr
+    assert not runs.exists()

@@ -17,9 +17,9 @@ from milegpo_cli.store import RunStore
 @pytest.fixture
 def sigterm_raises_keyboard_interrupt():
     """cli.main's own handler: SIGTERM ends a command as Ctrl-C does."""
-    from milegpo_cli.cli import _sigterm_as_interrupt
+    from milegpo_cli.interrupts import stop_as_interrupt
 
-    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    previous = signal.signal(signal.SIGTERM, stop_as_interrupt)
     yield
     signal.signal(signal.SIGTERM, previous)
 
@@ -109,3 +109,18 @@ def test_sigterm_inside_a_store_write_still_ends_the_run_killed(tmp_path, sigter
         store.set_status(run_id, "killed")
         assert store.get_run(run_id)["status"] == "killed"
         assert [it["iteration"] for it in store.iterations(run_id)] == [1]
+
+
+def test_the_stop_grace_is_seconds_from_the_environment(monkeypatch):
+    """MILEGPO_STOP_GRACE: the seconds a stopped member's train gets before SIGKILL (0: at once); else one line."""
+    from milegpo_cli.errors import MilegpoError
+    from milegpo_cli.interrupts import STOP_GRACE_ENV, stop_grace
+
+    monkeypatch.delenv(STOP_GRACE_ENV, raising=False)
+    assert stop_grace() == 60.0
+    monkeypatch.setenv(STOP_GRACE_ENV, "0")
+    assert stop_grace() == 0.0
+    for bad in ("soon", "-1", "inf", "nan"):
+        monkeypatch.setenv(STOP_GRACE_ENV, bad)
+        with pytest.raises(MilegpoError, match=f"{STOP_GRACE_ENV}='{bad}': must be a number of seconds >= 0"):
+            stop_grace()

@@ -201,6 +201,20 @@ def test_ray_usage_errors_are_one_line():
 
 
 @pytest.mark.slow
+def test_a_ray_member_killed_after_the_stop_grace_is_marked_killed(cluster, tmp_path):
+    """MILEGPO_STOP_GRACE=0: each member's ``train`` is SIGKILLed at once after its SIGTERM, before it
+    can mark its run; the driver marks them killed in the store and MLflow and releases their locks
+    (they stayed running, their locks held, before)."""
+    from test_reliability_drivers import LONG, _cli as _cli_env, _stop_and_check
+
+    proc = _cli_env("ablate", "--recipe", "webshop", *LONG, "--no-ablations", "--seeds", "2", "--ray", cluster.address,
+                    "--runs-dir", str(tmp_path), env={"MILEGPO_STOP_GRACE": "0"}, stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT)
+    out = _stop_and_check(proc, signal.SIGTERM, tmp_path, 2)
+    assert out.count("killed after 0 s, marked killed") == 2, out[-3000:]
+
+
+@pytest.mark.slow
 def test_sigterm_to_a_ray_driver_stops_every_member_at_once(cluster, tmp_path):
     """Two members train on the two nodes; SIGTERM to the driver: within 30 s every member is killed in
     the store and MLflow, one line, exit 143 (they trained on for ~60 s and stayed running before)."""
@@ -233,7 +247,8 @@ def test_a_member_on_a_node_without_its_folder_is_not_retried(cluster, tmp_path)
     ray_dispatch.connect(cluster.address)
     try:
         task = ray.remote(ray_dispatch._member).options(num_cpus=0)
-        answer = ray.get(task.remote(["-c", "pass"], {}, str(tmp_path / "not-here"), "logs/run1.log", 1), timeout=120)
+        answer = ray.get(task.remote(["-c", "pass"], {}, str(tmp_path / "not-here"), "logs/run1.log", 1, 60.0),
+                         timeout=120)
         assert answer.startswith(f"folder {tmp_path / 'not-here'} is not seen by node "), answer
     finally:
         ray_dispatch.disconnect()
@@ -258,3 +273,45 @@ def test_engine_actors_that_cannot_be_placed_are_one_line(cluster):
         ok.close()
     finally:
         ray_dispatch.disconnect()
+
+
+RAYLET_LINE_DRIVER = """
+import os, sys, time
+import ray
+from milegpo_cli.experiments import ray_dispatch
+
+class Seen:  # this driver's stdout, noting what Ray printed on it
+    def __init__(self, out):
+        self.out, self.text = out, ""
+    def write(self, text):
+        self.text += text
+        return self.out.write(text)
+    def __getattr__(self, name):
+        return getattr(self.out, name)
+
+sys.stdout = Seen(sys.stdout)
+ray_dispatch.connect(sys.argv[1])
+talk = ray.remote(num_cpus=0)(lambda: print("a worker prints", flush=True))
+die = ray.remote(num_cpus=0, max_retries=0)(lambda: os._exit(1))
+ray.get(talk.remote())
+try:
+    ray.get(die.remote())
+except ray.exceptions.WorkerCrashedError:
+    pass
+deadline = time.monotonic() + 60
+while "(raylet)" not in sys.stdout.text and time.monotonic() < deadline:
+    time.sleep(0.2)
+ray_dispatch.disconnect()
+"""
+
+
+def test_ray_lines_in_a_drivers_log_carry_no_escape_codes(cluster):
+    """A driver whose stdout is no terminal: a task that prints and one whose worker dies; Ray's own
+    `(raylet)` line about the dead worker reaches the driver's output without colour codes (it was
+    `\\x1b[33m(raylet)\\x1b[0m ...`), and the worker's print does not reach it (log_to_driver=False)."""
+    proc = subprocess.run([sys.executable, "-c", RAYLET_LINE_DRIVER, cluster.address], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "(raylet) A worker died" in out, out[-3000:]
+    assert "\x1b[" not in out and "a worker prints" not in out, out[-3000:]

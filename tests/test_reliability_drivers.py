@@ -71,6 +71,17 @@ def test_a_signal_to_a_parallel_driver_marks_every_member_killed(tmp_path, sig):
     _stop_and_check(proc, sig, tmp_path, 2)
 
 
+@pytest.mark.slow
+def test_a_parallel_member_killed_after_the_stop_grace_is_marked_killed(tmp_path):
+    """MILEGPO_STOP_GRACE=0: each ``train`` is SIGKILLed right after its SIGTERM, before it can mark its
+    run; the driver marks them killed (store and MLflow) and releases their locks (they stayed running)."""
+    proc = _cli("ablate", "--recipe", "webshop", *LONG, "--no-ablations", "--seeds", "2", "--parallel", "2",
+                "--runs-dir", str(tmp_path), env={"MILEGPO_STOP_GRACE": "0"}, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT)
+    out = _stop_and_check(proc, signal.SIGTERM, tmp_path, 2)
+    assert out.count("killed after 0 s, marked killed") == 2, out[-3000:]
+
+
 # --- --ray to an address where no cluster answers -------------------------------------------------
 
 def _free_port() -> int:
@@ -123,18 +134,20 @@ def test_a_bad_connect_timeout_is_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_sighup_to_train_marks_the_run_killed(tmp_path):
-    """The terminal closed under `train` (SIGHUP): the run is `killed` in the store and MLflow, its lock
-    released, one line with the command that resumes it (it ended with exit 129, the run `running`)."""
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_a_signal_to_train_marks_the_run_killed(tmp_path, sig):
+    """The terminal closed under `train` (SIGHUP), or `kill` (SIGTERM): the run is `killed` in the store
+    and MLflow, its lock released, one line with the command that resumes it, exit 128 + the signal as
+    the drivers do (130 for both before; the run `running` on SIGHUP before that)."""
     proc = _cli("train", "--recipe", "webshop", *LONG, "--runs-dir", str(tmp_path), stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE)
     deadline = time.monotonic() + 300
     while not list_checkpoints(tmp_path / "checkpoints" / "run_1"):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
         time.sleep(0.5)
-    proc.send_signal(signal.SIGHUP)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and err.strip().splitlines()[-1].startswith("run 1 stopped (marked killed); resume "
+    assert proc.returncode == 128 + sig and err.strip().splitlines()[-1].startswith("run 1 stopped (marked killed); resume "
                                                                              "it with: milegpo train --resume 1"), err
     store = RunStore(f"sqlite:///{tmp_path / 'milegpo.db'}")
     [run] = store.list_runs()

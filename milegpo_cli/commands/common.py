@@ -1,11 +1,10 @@
 """What every command shares: one red line for a user error (exit 2), the stopped-run and
-stopped-experiment messages (exit 130 / 128 + signal), the stores a command opened closed at its end,
+stopped-experiment messages (exit 128 + the signal), the stores a command opened closed at its end,
 the shared options and the helpers that build a command's config and store."""
 from __future__ import annotations
 
 import functools
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
@@ -16,10 +15,10 @@ from rich.console import Console
 from envs.base import EnvError
 from milegpo_cli.config import Config, default_db_url, load_config
 from milegpo_cli.errors import ExperimentStopped, MilegpoError, RunStopped
+from milegpo_cli.interrupts import stop_exit_code
 
 console = Console(soft_wrap=not sys.stdout.isatty())  # a log file: one message per line, not wrapped at 80 columns
 
-stop_signal = [signal.SIGINT]  # the signal that stopped the command (Ctrl-C unless cli.py's handler says otherwise)
 opened_stores: list = []  # closed when the command ends: a SQLite store's WAL is folded into its file
 
 
@@ -30,7 +29,7 @@ def fail(message: str, code: int) -> typer.Exit:
 
 def command(fn: Callable) -> Callable:
     """User errors -> one red line on stderr, exit 2; a stopped run -> one line with the command that
-    resumes it, exit 130. The stores the command opened are closed at its end (RunStore.close)."""
+    resumes it, exit 128 + the signal. The stores the command opened are closed at its end (RunStore.close)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
@@ -40,11 +39,11 @@ def command(fn: Callable) -> Callable:
         except RunStopped as err:
             typer.secho(f"run {err.run_id} stopped (marked killed); resume it with: {err.command}", fg="yellow",
                         err=True)
-            raise typer.Exit(130) from None
+            raise typer.Exit(stop_exit_code()) from None
         except ExperimentStopped as err:  # exit 128 + the signal: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP
             typer.secho(f"experiment {err.exp_id} ({err.name}) stopped, its running members marked killed; "
                         "resume it by running the same command again", fg="yellow", err=True)
-            raise typer.Exit(128 + stop_signal[-1]) from None
+            raise typer.Exit(stop_exit_code()) from None
         finally:
             while opened_stores:
                 opened_stores.pop().close()

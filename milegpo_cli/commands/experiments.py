@@ -95,10 +95,11 @@ def sweep(grid: Annotated[list[str], typer.Option(
     ray_options = _ray_options(ray, ray_gpus, parallel)
     config = build_config(recipe, sets, algo, None, model, iterations, drop, db, mlflow_uri, runs_dir)
     check_runs_folder(config)
+    from milegpo_cli.experiments.sweep import run_sweep, sweep_grid
+
+    sweep_grid(config, grid, seeds, yes)  # before the store is created: a refused grid creates nothing
     engine_data(config.store.root)
     _ray_connect(ray_options)
-    from milegpo_cli.experiments.sweep import run_sweep
-
     run_sweep(config, open_store(config.store.db, runs_dir, create=True), config.store.mlflow_uri, grid, seeds,
               console, parallel=parallel, ray=ray_options, yes=yes)
 

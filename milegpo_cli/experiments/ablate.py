@@ -30,7 +30,7 @@ from milegpo_cli.experiments import local_dispatch
 from milegpo_cli.experiments.diagnostics import BASELINES, DEFAULT_ABLATIONS
 from milegpo_cli.experiments.runs import ExperimentError, dotted
 from milegpo_cli.run_folder import reroot
-from milegpo_cli.store.locks import ExperimentLock
+from milegpo_cli.store.locks import ExperimentLock, release_killed
 
 
 @dataclass(frozen=True)
@@ -248,12 +248,13 @@ def _run_locked(config: Config, store, tracker_uri: str | None, ms: Sequence[Mem
     todo = [(m, rid) for m, rid in seed_major(plan) if rid not in done]
     console.print(f"{len(plan) - len(todo)} finished, {len(todo)} to train")
 
+    killed = functools.partial(_member_killed, store, tracker)
     try:
         if dispatch is not None:
-            failed = dispatch.train_members(store, todo, config.run.threads, ray, console)
+            failed = dispatch.train_members(store, todo, config.run.threads, ray, console, killed)
         else:
             failed = local_dispatch.train_members(store, todo, parallel, console, tracker_uri,
-                                                  functools.partial(member_config, config))
+                                                  functools.partial(member_config, config), killed)
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP (cli.main): members were stopped and marked killed
         if tracker is not None:
             tracker.run_id = parent
@@ -267,6 +268,19 @@ def _run_locked(config: Config, store, tracker_uri: str | None, ms: Sequence[Mem
         raise ExperimentError(f"{kind}: {len(failed)} member(s) failed: {', '.join(failed)}; "
                               "rerun the same command to resume")
     return exp_id
+
+
+def _member_killed(store, tracker, rid: int) -> bool:
+    """A stopped member whose ``train`` is dead (SIGKILLed after the stop grace, its Ray worker killed):
+    if its run is still ``running``, mark it killed in the store, release its lock and end its MLflow
+    run KILLED, so that a rerun resumes it. True when it was marked."""
+    if not release_killed(store, rid):
+        return False
+    mlflow_id = store.get_run(rid).get("mlflow_run_id")
+    if tracker is not None and mlflow_id:
+        tracker.run_id = mlflow_id
+        tracker.end("KILLED")
+    return True
 
 
 def _find_experiment(store, name: str, legacy_name: str) -> dict:

@@ -3,9 +3,10 @@
 With ``parallel`` 1 each member trains in this process (``train(resume_run=...)``); above, each in a
 ``milegpo train --resume RUN`` subprocess of its own session, at most ``parallel`` at a time, with
 its share of this process's cores (milegpo_cli/cores.py) and its log in ``<root>/logs/run<ID>.log``.
-Interrupted (Ctrl-C, SIGTERM, SIGHUP), the running members get SIGTERM, mark their runs killed and
-are SIGKILLed after a grace period. ray_dispatch.py runs the same subprocesses as Ray tasks; what
-to train and in which order is experiments/ablate.py's.
+Interrupted (Ctrl-C, SIGTERM, SIGHUP), the running members get SIGTERM and mark their runs killed; one
+still there after the grace period (interrupts.stop_grace) is SIGKILLed and its run marked killed here.
+ray_dispatch.py runs the same subprocesses as Ray tasks; what to train and in which order is
+experiments/ablate.py's.
 """
 from __future__ import annotations
 
@@ -17,16 +18,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from milegpo_cli.cores import CORES_ENV, member_share, process_cores
+from milegpo_cli.interrupts import stop_grace
 
 
 def train_members(store, todo: list[tuple[Any, int]], parallel: int, console, tracker_uri: str | None,
-                  config_of: Callable[[Any], Any]) -> list[str]:
+                  config_of: Callable[[Any], Any], killed: Callable[[int], bool]) -> list[str]:
     """Train ``todo`` ([(member, run id)], in order) in this process (``config_of(member)``: its
-    config) or in ``parallel`` subprocesses; returns the failures."""
+    config) or in ``parallel`` subprocesses; returns the failures. ``killed(run id)`` marks the run of
+    a subprocess SIGKILLed when the command was stopped."""
     from milegpo_cli.trainer.loop import train
 
     if parallel > 1:
-        return _train_parallel(store, todo, parallel, console)
+        return _train_parallel(store, todo, parallel, console, killed)
     failed: list[str] = []
     for m, rid in todo:
         console.print(f"[bold]member {m.label}[/bold] (run {rid})")
@@ -38,30 +41,40 @@ def train_members(store, todo: list[tuple[Any, int]], parallel: int, console, tr
     return failed
 
 
-def _train_parallel(store, todo: list[tuple[Any, int]], parallel: int, console) -> list[str]:
+def _train_parallel(store, todo: list[tuple[Any, int]], parallel: int, console,
+                    killed: Callable[[int], bool]) -> list[str]:
     """``milegpo train --resume RUN`` subprocesses, at most ``parallel`` at a time; logs beside the store.
     Interrupted (Ctrl-C, SIGTERM), it stops the running members, which mark their runs killed."""
+    grace = stop_grace()
     running: list[tuple[Any, int, subprocess.Popen, object]] = []
     try:
         return _supervise(store, list(todo), running, parallel, console)
     except BaseException:
-        _stop(running, console)
+        _stop(running, console, killed, grace)
         raise
 
 
-def _stop(running: list[tuple[Any, int, subprocess.Popen, object]], console, grace_s: float = 60.0) -> None:
-    """SIGTERM every running member (``milegpo train`` treats it as Ctrl-C), then SIGKILL after ``grace_s``."""
+def _stop(running: list[tuple[Any, int, subprocess.Popen, object]], console, killed: Callable[[int], bool],
+          grace: float) -> None:
+    """SIGTERM every running member (``milegpo train`` treats it as Ctrl-C); SIGKILL those still there
+    after ``grace`` seconds (one deadline for all), then mark their runs killed (``killed``)."""
     for _, _, proc, _ in running:
         if proc.poll() is None:
             proc.terminate()
-    for m, rid, proc, log in running:
+    deadline = time.monotonic() + grace
+    late = []
+    for _, rid, proc, _ in running:
         try:
-            proc.wait(timeout=grace_s)
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
+            late.append(rid)
+    for m, rid, proc, log in running:
+        proc.wait()
         log.close()
-        console.print(f"stopped {m.label} (run {rid}), exit {proc.returncode}")
+        marked = rid in late and killed(rid)
+        console.print(f"stopped {m.label} (run {rid}), exit {proc.returncode}"
+                      + (f": killed after {grace:g} s, marked killed" if marked else ""))
 
 
 def _supervise(store, queue: list[tuple[Any, int]], running: list, parallel: int, console) -> list[str]:

@@ -25,12 +25,13 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from sqlalchemy.engine import make_url
 
 from milegpo_cli.experiments.runs import ExperimentError
 from milegpo_cli.cores import CORES_ENV
+from milegpo_cli.interrupts import stop_grace
 
 try:
     import ray
@@ -43,7 +44,8 @@ RETRIES = 3  # resubmissions of a member whose task died
 LOCAL_OBJECT_STORE = 128 * 2**20  # members exchange return codes only
 PASSED_ENV = ("ALFWORLD_DATA", "PYTHONPATH")  # the driver's paths, valid on every node of a shared folder
 PASSED_PREFIX = "MILEGPO_"
-STOP_GRACE_S = 60.0
+STOP_MARGIN_S = 10.0  # a cancelled task kills its train at the grace; the driver waits the grace and this long
+FORCE_WAIT_S = 30.0  # for a force-cancelled task's worker to die (its train dies with it)
 POLL_S = 0.5  # a member's task looks at its ``train`` this often: a cancel (Ctrl-C of the driver) lands between looks
 CONNECT_TIMEOUT_ENV = "MILEGPO_RAY_CONNECT_TIMEOUT"  # seconds; docs/scale.md
 CONNECT_TIMEOUT_S = 30.0
@@ -92,11 +94,15 @@ def probe(address: str, timeout: float) -> None:
 def connect(address: str) -> None:
     """Join the cluster at ``address`` (``local``: start one on this machine's cores) within
     :func:`connect_timeout`. ray.init's own SIGTERM handler is replaced by the one it found, so that
-    SIGTERM stops the members as Ctrl-C does."""
+    SIGTERM stops the members as Ctrl-C does. Ray still prints the cluster's error messages about this
+    driver's tasks (``(raylet) A worker died ...``, whatever ``log_to_driver``); when stdout is no
+    terminal they carry no colour codes (``RAY_COLOR_PREFIX=0``, read by Ray as it prints)."""
     if ray.is_initialized():
         return
     timeout = connect_timeout()
     probe(address, timeout)
+    if not sys.stdout.isatty():
+        os.environ["RAY_COLOR_PREFIX"] = "0"
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         if address == LOCAL:
@@ -176,10 +182,11 @@ def _die_with_parent() -> None:
         pass
 
 
-def _member(cmd: list[str], env: dict[str, str], cwd: str, log_path: str, attempt: int) -> int | str:
+def _member(cmd: list[str], env: dict[str, str], cwd: str, log_path: str, attempt: int, grace: float) -> int | str:
     """The Ray task of a member: ``milegpo train --resume RUN`` on this node; its return code (a
     string: the working or log folder this node does not see, so ``train`` never started). A
-    cancelled task (Ctrl-C of the driver) stops ``train`` as SIGTERM does: the run is marked killed.
+    cancelled task (Ctrl-C of the driver) stops ``train`` as SIGTERM does: the run is marked killed;
+    a ``train`` still there after ``grace`` seconds is killed (the driver then marks its run).
     ``train`` joins this cluster (``RAY_ADDRESS``) for engine actors (env.alfworld.workers_backend)."""
     full = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, **env}
     for folder in (cwd, os.path.dirname(os.path.join(cwd, log_path))):
@@ -188,10 +195,10 @@ def _member(cmd: list[str], env: dict[str, str], cwd: str, log_path: str, attemp
     with open(os.path.join(cwd, log_path), "ab") as log:
         proc = subprocess.Popen([sys.executable, *cmd], stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=full,
                                 preexec_fn=_die_with_parent, start_new_session=True)
-        log.write(f"[ray] attempt {attempt}: node {ray.util.get_node_ip_address()}, task worker pid {os.getpid()}, "
-                  f"train pid {proc.pid}\n".encode())
-        log.flush()
         try:
+            log.write(f"[ray] attempt {attempt}: node {ray.util.get_node_ip_address()}, task worker pid {os.getpid()}, "
+                      f"train pid {proc.pid}\n".encode())
+            log.flush()
             while True:  # not one blocking wait: the KeyboardInterrupt of ray.cancel must find Python code running
                 try:
                     return proc.wait(timeout=POLL_S)
@@ -200,9 +207,10 @@ def _member(cmd: list[str], env: dict[str, str], cwd: str, log_path: str, attemp
         except KeyboardInterrupt:
             proc.terminate()
             try:
-                proc.wait(timeout=STOP_GRACE_S)
+                proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
             raise
 
 
@@ -219,9 +227,11 @@ def capacity(cpus: float, gpus: float) -> int:
     return n
 
 
-def train_members(store, todo: list, threads: int, options, console) -> list[str]:
+def train_members(store, todo: list, threads: int, options, console, killed: Callable[[int], bool]) -> list[str]:
     """Train ``todo`` ([(member, run id)], in order) as Ray tasks (``options``: ablate.RayOptions); returns the failures. A task that
-    died is resubmitted (``train --resume``) up to ``RETRIES`` times; a ``train`` that failed is not."""
+    died is resubmitted (``train --resume``) up to ``RETRIES`` times; a ``train`` that failed is not. Interrupted,
+    the running members are stopped (:func:`stop`; ``killed(run id)``: marks a run whose ``train`` was killed)."""
+    grace = stop_grace()
     task = ray.remote(_member).options(num_cpus=threads, num_gpus=options.gpus, max_retries=0)
     slots = capacity(threads, options.gpus)
     env = {CORES_ENV: str(threads), **{k: v for k, v in os.environ.items()
@@ -237,7 +247,7 @@ def train_members(store, todo: list, threads: int, options, console) -> list[str
                 log = Path(root) / "logs" / f"run{rid}.log"
                 log.parent.mkdir(parents=True, exist_ok=True)
                 cmd = ["-m", "milegpo_cli", "train", "--resume", str(rid), "--db", store.url]
-                running[task.remote(cmd, env, os.getcwd(), str(log), attempt)] = (m, rid, attempt, log)
+                running[task.remote(cmd, env, os.getcwd(), str(log), attempt, grace)] = (m, rid, attempt, log)
                 console.print(f"submitted {m.label} (run {rid}, attempt {attempt}), log {log}")
             done, _ = ray.wait(list(running), num_returns=1, timeout=2.0)
             for ref in done:
@@ -264,21 +274,32 @@ def train_members(store, todo: list, threads: int, options, console) -> list[str
                     failed.append(f"{m.label} (run {rid}: {why}, see {log})")
                     console.print(f"[red]{m.label} (run {rid}) failed: {why}[/red]")
     except BaseException:
-        stop(running, console)
+        stop(running, console, killed, grace)
         raise
     return failed
 
 
-def stop(running: dict, console) -> None:
-    """Cancel the running members (their ``train`` gets SIGTERM and marks its run killed), then force."""
-    for ref in running:
+def stop(running: dict, console, killed: Callable[[int], bool], grace: float) -> None:
+    """Cancel the running members: each ``train`` gets SIGTERM and marks its run killed, or is killed by
+    its task after ``grace`` seconds; a task still there then is force-cancelled (its worker dies, and
+    its ``train`` with it). Every member whose task ended is passed to ``killed``, which marks its run
+    killed if its ``train`` could not (a run left ``running`` would stay so, its lock held)."""
+    refs = list(running)
+    for ref in refs:
         ray.cancel(ref)
-    done, left = ray.wait(list(running), num_returns=len(running), timeout=STOP_GRACE_S)
+    _, left = ray.wait(refs, num_returns=len(refs), timeout=grace + STOP_MARGIN_S)
     for ref in left:
         ray.cancel(ref, force=True)
-    for ref in running:
+    ended, _ = ray.wait(refs, num_returns=len(refs), timeout=FORCE_WAIT_S)
+    for ref in refs:
         m, rid, _, _ = running[ref]
-        console.print(f"stopped {m.label} (run {rid})")
+        if ref not in ended:  # its node does not answer: the run's lock goes stale after store/locks.STALE_S
+            console.print(f"[red]{m.label} (run {rid}) did not stop: its run stays running until its lock goes stale"
+                          "[/red]")
+        elif killed(rid):
+            console.print(f"stopped {m.label} (run {rid}): killed after {grace:g} s, marked killed")
+        else:
+            console.print(f"stopped {m.label} (run {rid})")
 
 
 def disconnect() -> None:

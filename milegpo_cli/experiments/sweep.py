@@ -106,16 +106,24 @@ def count_members(grid: Sequence[tuple[str, list[Any]]], seeds: int) -> int:
     return math.prod(len(values) for _, values in grid) * seeds
 
 
-def run_sweep(config: Config, store, tracker_uri: str | None, grid_texts: Sequence[str], seeds: int, console,
-              parallel: int = 1, ray=None, yes: bool = False) -> int:
-    """Run (or resume) the sweep; returns its experiment id. Over :data:`MAX_UNCONFIRMED` members it needs
-    ``yes`` (``--yes``), checked before anything is registered."""
+def sweep_grid(config: Config, grid_texts: Sequence[str], seeds: int, yes: bool) -> list[tuple[str, list[Any]]]:
+    """The sweep's grid (:func:`parse_grid`), refused in one line when it makes more than
+    :data:`MAX_UNCONFIRMED` members without ``yes`` (``--yes``). Needs no store: the CLI calls it before it
+    creates one, so a refused grid creates nothing."""
     grid = parse_grid(config, grid_texts)
     n = count_members(grid, seeds)
     if n > MAX_UNCONFIRMED and not yes:
         raise ExperimentError(f"sweep: the grid makes {n} members ({n // seeds} variants x {seeds} seeds), more than "
                               f"{MAX_UNCONFIRMED}; registering them takes about {n * 0.3 / 60:.0f} min before any "
                               "training: pass --yes to go on")
+    return grid
+
+
+def run_sweep(config: Config, store, tracker_uri: str | None, grid_texts: Sequence[str], seeds: int, console,
+              parallel: int = 1, ray=None, yes: bool = False) -> int:
+    """Run (or resume) the sweep; returns its experiment id. The grid is checked (:func:`sweep_grid`)
+    before anything is registered."""
+    grid = sweep_grid(config, grid_texts, seeds, yes)
     ms = members(config, grid, seeds)
     params = {"sweep": {"grid": {k: v for k, v in grid}, "seeds": seeds, "recipe": config.recipe}}
     return run_experiment(config, store, tracker_uri, ms, "sweep", params, console, parallel, ray)

@@ -7,6 +7,8 @@ holder writes a heartbeat every :data:`HEARTBEAT_S` seconds from a thread. A loc
 over, when its heartbeat is older than :data:`STALE_S` seconds, or at once when its process is gone and
 it was taken on this host. The lock is taken in one write transaction (SQLite ``BEGIN IMMEDIATE``,
 PostgreSQL ``SELECT ... FOR UPDATE`` on the run's row), so of two trainers starting at once one wins.
+A trainer killed before it could release its lock (SIGKILL) is released by whoever killed it
+(:func:`release_killed`: the driver of an ``ablate`` / ``sweep``).
 
 Lock writes bypass ``RunStore._write`` on purpose: they are no iteration data and do not count as
 ``store.commit`` fault points (envs/faults.py), which the crash tests count.
@@ -68,6 +70,31 @@ def refuse_if_held(run_id: int, host: str | None, pid: int | None, heartbeat: fl
                     f"ago): wait for it to end, or stop that process; a lock whose process is gone is taken over")
 
 
+def _transaction(store, fn: Callable[[Session], T]) -> T:
+    """``fn`` in one write transaction of ``store``; a store that does not answer is a StoreError."""
+    try:
+        with Session(store.engine.execution_options(write=True)) as s, s.begin():
+            return fn(s)
+    except DBAPIError as err:
+        if connection_lost(err):
+            raise store.unreachable(err) from None
+        if unusable(err):  # a full disk: release() leaves the lock, taken over once its process is gone
+            raise StoreError(store.why(err)) from None
+        raise
+
+
+@deferred_interrupts()
+def release_killed(store, run_id: int) -> bool:
+    """Mark run ``run_id`` killed and clear its lock if it is still ``running``: its trainer was killed
+    (SIGKILL after the stop grace of an ``ablate`` / ``sweep`` driver) before it could do so itself.
+    The caller knows that trainer dead. True when the run was marked."""
+    def fn(s: Session) -> bool:
+        marked = s.execute(update(Run).where(Run.id == run_id, Run.status == "running").values(
+            status="killed", lock_host=None, lock_pid=None, lock_heartbeat=None))
+        return marked.rowcount == 1
+    return _transaction(store, fn)
+
+
 class RunLock:
     """The lock of run ``run_id`` in ``store`` for this process (a context manager)."""
 
@@ -81,15 +108,7 @@ class RunLock:
         self._thread: threading.Thread | None = None
 
     def _tx(self, fn: Callable[[Session], T]) -> T:
-        try:
-            with Session(self.store.engine.execution_options(write=True)) as s, s.begin():
-                return fn(s)
-        except DBAPIError as err:
-            if connection_lost(err):
-                raise self.store.unreachable(err) from None
-            if unusable(err):  # a full disk: release() leaves the lock, taken over once its process is gone
-                raise StoreError(self.store.why(err)) from None
-            raise
+        return _transaction(self.store, fn)
 
     @deferred_interrupts()
     def acquire(self) -> RunLock:
