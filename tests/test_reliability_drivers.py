@@ -25,9 +25,15 @@ LONG = [a for s in TINY if not s.startswith(("run.iterations", "eval.every")) fo
     "--set", "run.iterations=200", "--set", "eval.every=100"]
 
 
+# `milegpo` as a terminal starts it: SIGHUP at its default even where pytest runs under `nohup`, which
+# would hand the ignored SIGHUP down (and milegpo rightly keeps an ignored SIGHUP ignored).
+AS_FROM_A_TERMINAL = ("import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                      "os.execv(sys.executable, [sys.executable, '-m', 'milegpo_cli', *sys.argv[1:]])")
+
+
 def _cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", "COLUMNS": "300", **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "milegpo_cli", *args], env=env, cwd=ROOT, text=True, **kw)
+    return subprocess.Popen([sys.executable, "-c", AS_FROM_A_TERMINAL, *args], env=env, cwd=ROOT, text=True, **kw)
 
 
 def _all_training(store: RunStore, root: Path, n: int) -> bool:
