@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from milegpo_cli.credit import RolloutBatch, compute_advantages  # noqa: E402
-from milegpo_cli.experiments.credit_bench import Recording, default_variants, evaluate, read_records  # noqa: E402
+from milegpo_cli.experiments.credit_bench import Recording, default_variants, evaluate  # noqa: E402
+from milegpo_cli.experiments.credit_recording import read_records  # noqa: E402
 from milegpo_cli.experiments.diagnostics import GroupBootstrap  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

@@ -1,10 +1,10 @@
 """Evidence for the milestone / trap memory across iterations of a task (issue 42, docs/results_memory.md).
 
 Recording: a fixed behaviour policy (the oracle's action with probability 1 - p, else a uniform
-admissible action; ``credit_bench.expert_or_random``) plays the *same* tasks over several
+admissible action; ``credit_recording.expert_or_random``) plays the *same* tasks over several
 iterations, one group of N rollouts per (task, iteration), with different random draws each
 iteration. Every rollout carries the interchange fields ``task`` and ``iteration``
-(docs/rollouts.md) plus the oracle labels of ``credit_bench.record_group``. A high p gives the
+(docs/rollouts.md) plus the oracle labels of ``credit_recording.record_group``. A high p gives the
 rare-success regime of the issue (most groups without a success).
 
 Analysis: MileGPO v3 with and without ``credit.memory`` (and the decay grid on the tuning
@@ -18,8 +18,9 @@ bootstrap over groups (``diagnostics.GroupBootstrap``), paired dAUC on the same 
         --seed 2 --start 120                                    # a policy that improves: older evidence is staler
     .venv/bin/python bench/memory_evidence.py record --env alfworld --tasks 24 --iterations 5 --p 0.85 --seed 0
     .venv/bin/python bench/memory_evidence.py record --env alfworld --tasks 36 --iterations 5 --p 0.9 --seed 1 --start 24
+    .venv/bin/python bench/memory_evidence.py record --env corridor --tasks 60 --iterations 5 --p 0.86 --seed 7
     .venv/bin/python bench/memory_evidence.py analyse --tune webshop-s0 \
-        --held-out webshop-s1 webshop-s2-improving alfworld-s0 alfworld-s1
+        --held-out webshop-s1 webshop-s2-improving alfworld-s0 alfworld-s1 corridor-s7
 """
 from __future__ import annotations
 
@@ -35,15 +36,33 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT))  # bench.* as a namespace package, however the script is started
 
 
 def recording_path(name: str) -> Path:
     return RESULTS / f"rollouts_memory_{name}.jsonl.gz"
 
 
+def cmd_record_corridor(args) -> None:
+    """The synthetic corridor family (``bench/corridor_family.py``): no engine, the same record fields."""
+    from bench.corridor_family import record_group
+    from milegpo_cli.experiments.credit_recording import append_records
+    path = recording_path(f"corridor-s{args.seed}")
+    path.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    for it in range(args.iterations):
+        for task in range(args.start, args.start + args.tasks):
+            append_records(path, record_group(task, args.p, args.group_size, args.seed, it, args.max_steps))
+    meta = {"env": "corridor", "tasks": args.tasks, "start": args.start, "iterations": args.iterations,
+            "group_size": args.group_size, "p": args.p, "seed": args.seed, "max_steps": args.max_steps,
+            "wall_s": round(time.perf_counter() - t0, 1),
+            "command": " ".join(["python bench/memory_evidence.py", *sys.argv[1:]])}
+    path.with_suffix("").with_suffix(".meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
 def cmd_record(args) -> None:
     from bench.credit_diagnostics import make_suite
-    from milegpo_cli.experiments.credit_bench import append_records, read_records, record_group
+    from milegpo_cli.experiments.credit_recording import append_records, read_records, record_group
     suite = make_suite(args.env, args.workers, args.max_steps)
     tasks = suite.tasks(args.split, args.tasks, seed=args.seed, start=args.start)
     path = recording_path(f"{args.env}-s{args.seed}" + ("" if args.p_last is None else "-improving"))
@@ -164,7 +183,8 @@ def describe(rec) -> dict:
 
 def cmd_analyse(args) -> None:
     from milegpo_cli.credit.memory import window
-    from milegpo_cli.experiments.credit_bench import Recording, read_records
+    from milegpo_cli.experiments.credit_bench import Recording
+    from milegpo_cli.experiments.credit_recording import read_records
     out = {"command": " ".join(["python bench/memory_evidence.py", *sys.argv[1:]]),
            "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": platform.python_version(),
            "resamples": args.resamples, "tune": args.tune, "held_out": args.held_out, "recordings": {}}
@@ -201,7 +221,11 @@ def render(out: dict) -> str:
              "(each with its `.meta.json`: the command, behaviour p, tasks, iterations).", "",
              "A fixed behaviour policy (the oracle's action with probability 1 - p, else a uniform admissible one) "
              "plays the same tasks over several iterations, one group of 8 rollouts per (task, iteration), fresh "
-             "random draws each iteration; a high p gives the rare-success regime of the issue. ROC-AUC of the per-step "
+             "random draws each iteration; a high p gives the rare-success regime of the issue. Recordings `alfworld-*` and "
+             "`webshop-*` play the engines; `corridor-*` plays the synthetic corridor family of "
+             "`bench/corridor_family.py` (rooms to walk forward through, closets as recurring traps), sized as the "
+             "issue's recording kept outside the project (60 tasks x 5 iterations of 8 rollouts, about 14 % of "
+             "rollouts succeed, more than half the groups without a success). ROC-AUC of the per-step "
              "advantage against the oracle label, 95 % percentile bootstrap over the subset's groups "
              f"({out['resamples']} resamples); dAUC is paired with plain v3 on the same resampled groups. Subsets: every "
              "step; the steps of groups without a success; those of such groups whose task succeeded in an earlier "
@@ -241,7 +265,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("record", help="play the same tasks over several iterations with oracle labels")
-    r.add_argument("--env", choices=("alfworld", "webshop"), required=True)
+    r.add_argument("--env", choices=("alfworld", "webshop", "corridor"), required=True)
     r.add_argument("--tasks", type=int, required=True)
     r.add_argument("--iterations", type=int, default=5)
     r.add_argument("--p", type=float, default=0.8, help="random-action probability of the behaviour policy")
@@ -261,8 +285,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)  # before any ALFWorld import: Fast Downward overwrites sys.argv
     if args.cmd == "record":
         if args.max_steps is None:
-            args.max_steps = {"alfworld": 30, "webshop": 15}[args.env]
-        cmd_record(args)
+            args.max_steps = {"alfworld": 30, "webshop": 15, "corridor": 30}[args.env]
+        (cmd_record_corridor if args.env == "corridor" else cmd_record)(args)
     else:
         cmd_analyse(args)
 
