@@ -204,8 +204,7 @@ def test_corridor_family_recording_and_the_memory_on_it(tmp_path, monkeypatch):
     the oracle's; on a small recording of the family the memory lifts the AUC inside all-fail groups of tasks
     that succeeded earlier well above plain v3's (0.571 -> 0.978 on the 60-task recording)."""
     import random
-    import sys
-    sys.path.insert(0, str(RESULTS.parents[1]))
+    monkeypatch.syspath_prepend(str(RESULTS.parents[1]))
     from bench import memory_evidence
     from bench.corridor_family import corridor as corridor_task, play
 
