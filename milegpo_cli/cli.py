@@ -8,6 +8,8 @@ plain text (``rich_markup_mode=None``): option metavars as written there, every 
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import sys
 
@@ -31,6 +33,9 @@ app.add_typer(policy_app, name="policy")
 
 
 def main() -> None:
+    # runs last at exit (atexit is LIFO): the interpreter's final collection over torch, transformers and MLflow
+    # took 3.3 s after `train` ended (0.4 s frozen), 60 s for a member starved at a Ray worker's nice 15
+    atexit.register(gc.freeze)
     ensure_cpu_processes()
     if not sys.stderr.isatty():  # a log file gets no transformers / huggingface_hub progress bars
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -29,9 +29,15 @@ def cluster():
 
     saved = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "disabled"  # Ray 2.60 turns token authentication on by default
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": OBJECT_STORE,
-                                                      "include_dashboard": False})
-    c.add_node(num_cpus=1, resources={"env_host": 2}, object_store_memory=OBJECT_STORE)
+    # started with SIGINT ignored, as by a background job (`ray start ... &`, nohup, CI): its workers inherit
+    # that, and ray.cancel cannot interrupt a task there unless the task handles SIGINT itself
+    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": OBJECT_STORE,
+                                                          "include_dashboard": False})
+        c.add_node(num_cpus=1, resources={"env_host": 2}, object_store_memory=OBJECT_STORE)
+    finally:
+        signal.signal(signal.SIGINT, sigint)
     c.wait_for_nodes()
     yield c
     if ray.is_initialized():
@@ -250,6 +256,35 @@ def test_a_member_on_a_node_without_its_folder_is_not_retried(cluster, tmp_path)
         answer = ray.get(task.remote(["-c", "pass"], {}, str(tmp_path / "not-here"), "logs/run1.log", 1, 60.0),
                          timeout=120)
         assert answer.startswith(f"folder {tmp_path / 'not-here'} is not seen by node "), answer
+    finally:
+        ray_dispatch.disconnect()
+
+
+def test_a_cancelled_member_stops_its_train_at_once_on_a_cluster_that_ignores_sigint(cluster, tmp_path):
+    """ray.cancel (a stopped driver) reaches a member's task on workers that inherited an ignored SIGINT:
+    its ``train`` gets SIGTERM within seconds (the cancel was lost, and the member ran on for 70 s until
+    force-cancelled)."""
+    from milegpo_cli.experiments import ray_dispatch
+
+    (tmp_path / "logs").mkdir()
+    ray_dispatch.connect(cluster.address)
+    try:
+        task = ray.remote(ray_dispatch._member).options(num_cpus=1, max_retries=0)
+        trap = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(7)); time.sleep(600)"
+        ref = task.remote(["-c", trap], {}, str(tmp_path), "logs/run1.log", 1, 60.0)
+        log = tmp_path / "logs" / "run1.log"
+        deadline = time.monotonic() + 120
+        while "train pid" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(1.0)  # the child is in its sleep
+        sent = time.monotonic()
+        ray.cancel(ref)
+        with pytest.raises(ray.exceptions.TaskCancelledError):
+            ray.get(ref, timeout=30)
+        assert time.monotonic() - sent < 10
+        child = int(re.search(r"train pid (\d+)", log.read_text()).group(1))
+        assert not _running(child)
     finally:
         ray_dispatch.disconnect()
 

@@ -192,8 +192,22 @@ def _member(cmd: list[str], env: dict[str, str], cwd: str, log_path: str, attemp
     for folder in (cwd, os.path.dirname(os.path.join(cwd, log_path))):
         if not os.path.isdir(folder):  # every attempt here would fail alike: no retry (train_members)
             return f"folder {folder} is not seen by node {ray.util.get_node_ip_address()}"
+    # ray.cancel interrupts a running task with _thread.interrupt_main(), which does nothing while SIGINT is
+    # ignored, as in the workers of a cluster started by a background job (`cmd &`, nohup, CI): the cancel was
+    # lost and the member stopped only when force-cancelled, 70 s later
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _run_train(cmd, full, cwd, log_path, attempt, grace)
+    finally:
+        if previous is not None:  # None: not set from Python, cannot be put back
+            signal.signal(signal.SIGINT, previous)
+
+
+def _run_train(cmd: list[str], env: dict[str, str], cwd: str, log_path: str, attempt: int, grace: float) -> int:
+    """:func:`_member`'s ``train`` subprocess, polled so that a KeyboardInterrupt (the task cancelled) stops it
+    as SIGTERM does, SIGKILL after ``grace`` seconds."""
     with open(os.path.join(cwd, log_path), "ab") as log:
-        proc = subprocess.Popen([sys.executable, *cmd], stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=full,
+        proc = subprocess.Popen([sys.executable, *cmd], stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env,
                                 preexec_fn=_die_with_parent, start_new_session=True)
         try:
             log.write(f"[ray] attempt {attempt}: node {ray.util.get_node_ip_address()}, task worker pid {os.getpid()}, "
