@@ -128,3 +128,27 @@ def test_more_seeds_extend_the_experiment_without_retraining(tmp_path):
     assert run_ablate(config, store, None, [], 1, quiet()) == exp_id
     assert len(store.list_runs(exp_id)) == 2
     assert len(store.list_experiments()) == 1
+
+
+def test_more_variants_extend_the_experiment_without_retraining(tmp_path):
+    """Ablations added to a baselines-only experiment of the same base config: the same experiment, the
+    full method's run kept as it was (same id, not trained again), the new variant trained and listed
+    in the stored spec; a different base config is another experiment."""
+    config = load_config("webshop", [*TINY, f"store.root={json.dumps(str(tmp_path))}"])
+    store = RunStore(config.store.db)
+    exp_id = run_ablate(config, store, None, [], 1, quiet(), algos=["grpo"])
+    before = {(r["algo"], tuple(r["drop"])): r["id"] for r in store.list_runs(exp_id)}
+    first_iterations = store.iterations(before[("milegpo", ())])
+    out = Console(record=True, width=200)
+    assert run_ablate(config, store, None, ["traps"], 1, out, algos=["grpo"]) == exp_id
+    printed = out.export_text()
+    assert f"extending experiment {exp_id}" in printed and "with milegpo -traps\n2 finished, 1 to train" in printed
+    runs = {(r["algo"], tuple(r["drop"])): r for r in store.list_runs(exp_id)}
+    assert sorted(runs) == [("grpo", ()), ("milegpo", ()), ("milegpo", ("traps",))]
+    assert {k: runs[k]["id"] for k in before} == before
+    assert all(r["status"] == "finished" for r in runs.values())
+    assert store.iterations(before[("milegpo", ())]) == first_iterations  # not trained again
+    assert store.get_experiment(exp_id)["config"]["variants"] == [["milegpo", []], ["grpo", []], ["milegpo", ["traps"]]]
+    other = load_config("webshop", [*TINY, f"store.root={json.dumps(str(tmp_path))}", "ppo.lr=1e-4"])
+    assert run_ablate(other, store, None, [], 1, quiet()) != exp_id
+    assert len(store.list_experiments()) == 2

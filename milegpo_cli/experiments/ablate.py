@@ -3,7 +3,9 @@
 An experiment is identified by its spec (base config, ablations, baseline algos; not its seeds): its
 name is ``ablate-<recipe>-<sha of the spec>``, so running the same command again finds it and resumes
 it: finished members are skipped, unfinished ones continue via ``train(resume_run=...)`` from
-their last checkpoint, and a larger ``--seeds`` adds the new seeds' members to it. Members are pre-registered in the store (with the experiment id) and in
+their last checkpoint, and a larger ``--seeds`` adds the new seeds' members to it. An ablate command
+on the same base config that adds variants (ablations, baselines) extends the experiment the same way
+(its name stays; its spec gains the variants). Members are pre-registered in the store (with the experiment id) and in
 MLflow (child runs tagged ``mlflow.parentRunId`` under the experiment's parent run) before they
 train, so a crash at any point leaves nothing to duplicate. This module plans; members train in this
 process or ``parallel`` ``milegpo train --resume RUN`` subprocesses (experiments/local_dispatch.py),
@@ -122,9 +124,14 @@ def spec_of(config: Config, ms: Sequence[Member], legacy: bool = False) -> dict:
     base["run"].update(seed=0, name="")
     variants: list[list] = []
     for m in ms:
-        if (v := [m.algo, list(m.drop)] + ([dict(m.sets)] if m.sets else [])) not in variants:
+        if (v := variant_spec(m)) not in variants:
             variants.append(v)
     return {"base": base, "variants": variants}
+
+
+def variant_spec(m: Member) -> list:
+    """A member's variant as an experiment's spec lists it: [algo, dropped components(, grid values)]."""
+    return [m.algo, list(m.drop)] + ([dict(m.sets)] if m.sets else [])
 
 
 def experiment_name(config: Config, spec: dict, kind: str = "ablate") -> str:
@@ -202,14 +209,20 @@ def run_experiment(config: Config, store, tracker_uri: str | None, ms: Sequence[
         name = experiment_name(config, spec, kind)
         try:
             exp = _find_experiment(store, name, experiment_name(config, spec_of(config, ms, legacy=True), kind))
-            exp_id, name = exp["id"], exp["name"]
-            console.print(f"resuming experiment {exp_id} ({name})")
+            console.print(f"resuming experiment {exp['id']} ({exp['name']})")
         except RunNotFound:
-            exp_id = store.create_experiment_once(name, kind=kind, recipe=config.recipe, config=spec)
-            exp = store.get_experiment(exp_id)
-            console.print(f"experiment {exp_id} ({name}): {len(ms)} members")
+            exp = _same_base(store, spec) if kind == "ablate" else None
+            if exp is None:
+                exp = store.get_experiment(store.create_experiment_once(name, kind=kind, recipe=config.recipe,
+                                                                        config=spec))
+                console.print(f"experiment {exp['id']} ({name}): {len(ms)} members")
+            else:
+                added = dict.fromkeys(m.variant for m in ms if variant_spec(m) not in exp["config"]["variants"])
+                console.print(f"extending experiment {exp['id']} ({exp['name']}) with {', '.join(added)}")
+        exp_id, name = exp["id"], exp["name"]
         lock = ExperimentLock(store, exp_id).acquire()  # a second command of this experiment stops here
         try:
+            _record_variants(store, exp_id, spec)
             return _run_locked(config, store, tracker_uri, ms, params, console, parallel, ray, dispatch, kind, exp,
                                name)
         finally:
@@ -281,6 +294,22 @@ def _member_killed(store, tracker, rid: int) -> bool:
         tracker.run_id = mlflow_id
         tracker.end("KILLED")
     return True
+
+
+def _same_base(store, spec: dict) -> dict | None:
+    """The oldest ablate experiment whose base config is ``spec``'s: a command that adds variants
+    (ablations, baselines) to an experiment extends it, as more ``--seeds`` do, and trains only the new
+    members (a sweep's grid keys are part of its identity: its runs are told apart by their values)."""
+    base = json.dumps(spec["base"], sort_keys=True)
+    return next((e for e in store.list_experiments() if e["kind"] == "ablate"
+                 and json.dumps((e["config"] or {}).get("base"), sort_keys=True) == base), None)
+
+
+def _record_variants(store, exp_id: int, spec: dict) -> None:
+    """Add to the experiment's stored spec the variants of ``spec`` it lacks (a command that extends it)."""
+    stored = store.get_experiment(exp_id)["config"] or {}
+    if "variants" in stored and (new := [v for v in spec["variants"] if v not in stored["variants"]]):
+        store.set_experiment_config(exp_id, {**stored, "variants": stored["variants"] + new})
 
 
 def _find_experiment(store, name: str, legacy_name: str) -> dict:

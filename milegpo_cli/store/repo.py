@@ -122,6 +122,9 @@ class RunStore(Database):
         self._write(lambda s: s.execute(update(Experiment).where(Experiment.id == experiment_id)
                                         .values(mlflow_run_id=mlflow_run_id)))
 
+    def set_experiment_config(self, experiment_id: int, config: dict) -> None:
+        self._write(lambda s: s.execute(update(Experiment).where(Experiment.id == experiment_id).values(config=config)))
+
     def _by_ref(self, model: type, ref: int | str, what: str) -> dict[str, Any]:
         """The row of ``model`` (Run, Experiment) by id, or by name (the newest of that name); RunNotFound."""
         def fn(s: Session) -> list[dict[str, Any]]:
