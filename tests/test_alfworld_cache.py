@@ -89,6 +89,36 @@ def test_a_reused_engine_plays_a_new_game_as_a_fresh_one(tasks):
     assert runs[False] == runs[True]
 
 
+def test_stored_translations_give_identical_episodes(tasks, tmp_path, monkeypatch):
+    """Translations kept in this process, written to the folder, then read back from it (no translation
+    in that run); a broken file is translated again and replaced."""
+    from envs.alfworld import engine_caches
+
+    translated = []
+    translate = engine_caches._pddl2sas
+    monkeypatch.setattr(engine_caches, "_pddl2sas", lambda *a, **k: translated.append(a) or translate(*a, **k))
+    runs, counts = [], []
+    try:
+        for folder in (None, tmp_path, tmp_path, tmp_path):
+            engine_caches.install_engine_caches(True, translations=folder and str(folder))
+            if len(runs) == 3:
+                broken = sorted(tmp_path.glob("*.pkl"))[0]
+                broken.write_bytes(b"not a pickle")
+            venv = AlfworldVectorEnv(3, expert="planner", max_steps=12, workers=0, expert_slots=1, cache_size=0)
+            try:
+                runs.append(_walks(venv, tasks, seed=5, episodes=4))
+            finally:
+                venv.close()
+            counts.append(len(translated))
+            translated.clear()
+    finally:
+        engine_caches.install_engine_caches(True)
+    assert runs[0] == runs[1] == runs[2] == runs[3]
+    assert counts == [4, 4, 0, 1]  # 2 games x (plain, optimised)
+    assert len(list(tmp_path.glob("*.pkl"))) == 4 and not list(tmp_path.glob("*.tmp"))
+    assert broken.read_bytes() != b"not a pickle"
+
+
 def test_cache_hits_skip_the_engine_and_survive_eviction(tasks):
     from envs.alfworld import game_env
 
