@@ -42,9 +42,7 @@ def _cached_pddl2sas(domain: str, problem: str, verbose: bool, optimize: bool):
         try:
             with open(path, "rb") as f:
                 return pickle.load(f)
-        except FileNotFoundError:
-            pass
-        except Exception:  # noqa: BLE001 -- a file of another version or a broken one: translate and replace it
+        except Exception:  # noqa: BLE001 -- none yet, or a broken one: translate (and replace it)
             pass
     argv = sys.argv[:]
     try:
