@@ -130,6 +130,58 @@ def test_more_seeds_extend_the_experiment_without_retraining(tmp_path):
     assert len(store.list_experiments()) == 1
 
 
+@pytest.mark.slow
+def test_a_results_only_copy_resumes_the_experiment_elsewhere(tmp_path):
+    """`runs backup --results-only` of an experiment with a run left unfinished: the copy holds the finished
+    runs' evaluations and iterations as they were, no steps, training episodes, candidates or checkpoints,
+    and not the unfinished run; the same ablate with more seeds in a fresh folder around the copy resumes
+    that experiment, keeps the finished runs (same ids, not trained again) and trains the rest."""
+    from milegpo_cli.experiments.ablate import Member, member_config
+    from milegpo_cli.store.backup import backup_sqlite
+
+    here, there = tmp_path / "here", tmp_path / "there"
+    config = load_config("webshop", [*TINY, f"store.root={json.dumps(str(here))}"])
+    store = RunStore(config.store.db)
+    exp_id = run_ablate(config, store, config.store.mlflow_uri, [], 1, quiet(), algos=["grpo"])
+    finished = {r["id"]: r for r in store.list_runs(exp_id)}
+    cut = member_config(config, Member("milegpo", (), 1))  # a seed-1 member a kill left unfinished
+    store.create_run(name="cut", algo="milegpo", seed=1, config=cut.to_dict(), experiment_id=exp_id)
+    assert all(store.steps(rid) and store.episodes(rid) and store.checkpoints(rid) for rid in finished)
+
+    there.mkdir()
+    backup_sqlite(store.url, there / "milegpo.db", results_only=True)
+    backup_sqlite(store.url, tmp_path / "whole.db")
+    assert (there / "milegpo.db").stat().st_size < (tmp_path / "whole.db").stat().st_size
+    copy = RunStore(there / "milegpo.db")
+    assert {r["id"] for r in copy.list_runs(exp_id)} == set(finished)
+    for rid in finished:
+        evaluations = store.evaluations(rid)
+        assert copy.evaluations(rid) == evaluations and copy.iterations(rid) == store.iterations(rid)
+        for ev in evaluations:
+            kept = store.episodes(rid, evaluation_id=ev["id"])
+            assert copy.episodes(rid, evaluation_id=ev["id"]) == [{**e, "final_state": None} for e in kept]
+        assert not (copy.steps(rid) or copy.episodes(rid) or copy.checkpoints(rid) or copy.candidates(rid))
+        assert copy.get_run(rid)["mlflow_run_id"] is None
+    whole, kept = build_report(store, exp_id, by="algo"), build_report(copy, exp_id, by="algo")
+    for method, d in kept.data["methods"].items():  # all but the credit AUC: it needs the training steps
+        assert d["credit_auc"] is None and whole.data["methods"][method]["credit_auc"] is not None
+        assert {**d, "credit_auc": None} == {**whole.data["methods"][method], "credit_auc": None}
+
+    moved = load_config("webshop", [*TINY, f"store.root={json.dumps(str(there))}"])
+    out = Console(record=True, width=200)
+    assert run_ablate(moved, copy, moved.store.mlflow_uri, [], 2, out, algos=["grpo"]) == exp_id
+    printed = out.export_text()
+    assert f"resuming experiment {exp_id}" in printed and "2 finished, 2 to train" in printed
+    runs = copy.list_runs(exp_id)
+    assert sorted((r["algo"], r["seed"], r["status"]) for r in runs) == [
+        ("grpo", 0, "finished"), ("grpo", 1, "finished"), ("milegpo", 0, "finished"), ("milegpo", 1, "finished")]
+    assert all(copy.iterations(rid) == store.iterations(rid) for rid in finished)  # not trained again
+    assert copy.get_experiment(exp_id)["mlflow_run_id"]  # a new parent run in the new MLflow store
+    from milegpo_cli.experiments.report_render import render
+    assert "seeds) |" not in render(whole, "md")
+    assert render(build_report(copy, exp_id, by="algo"), "md").count("(1 of 2 seeds) |") == 4  # 2 methods x 2 metrics
+
+
 def test_more_variants_extend_the_experiment_without_retraining(tmp_path):
     """Ablations added to a baselines-only experiment of the same base config: the same experiment, the
     full method's run kept as it was (same id, not trained again), the new variant trained and listed

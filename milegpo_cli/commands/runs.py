@@ -55,16 +55,20 @@ def runs_show(run: RunArg, as_json: JsonOpt = False, db: DbOpt = None, runs_dir:
 
 @runs_app.command("backup")
 @command
-def runs_backup(dest: Annotated[Path, typer.Argument(metavar="DEST", hidden=True)], db: DbOpt = None,
-                runs_dir: RunsDirOpt = None) -> None:
+def runs_backup(dest: Annotated[Path, typer.Argument(metavar="DEST", hidden=True)],
+                results_only: Annotated[bool, typer.Option(
+                    "--results-only", help="Keep what reports read: experiments, finished runs, their iterations and "
+                    "evaluations; no training rollouts, steps, candidates, memory, checkpoints or MLflow ids. "
+                    "Small enough to commit; an ablate or sweep rerun on it trains only what is missing.")] = False,
+                db: DbOpt = None, runs_dir: RunsDirOpt = None) -> None:
     """Copy the SQLite store to DEST, consistent even while runs write to it.
 
     DEST: a new file. Uses SQLite's backup API; for PostgreSQL use pg_dump.
     """
     from milegpo_cli.store.backup import backup_sqlite
 
-    pages = backup_sqlite(db or default_db_url(runs_dir or "runs"), dest)
-    console.print(f"store copied to {dest} ({pages} pages)")
+    pages = backup_sqlite(db or default_db_url(runs_dir or "runs"), dest, results_only)
+    console.print(f"store copied to {dest} ({pages} pages{', results only' if results_only else ''})")
 
 
 @runs_app.command("import-mlflow")

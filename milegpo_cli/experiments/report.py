@@ -179,7 +179,8 @@ def _area_table(groups: dict[str, list[RunData]], data: dict, metrics: Sequence[
             rows.append([m, met, str(len(a)), _fmt_summary(summary)]
                         + ((_versus_cells(vs[0]) + ([_seeds_needed_cell(vs[0])] if target_mde else [])
                             + _versus_cells(vs[1])[2:]) if baseline else [])
-                        + [_fmt_dict(d["credit_auc"] and d["credit_auc"]["mean"], 1.0, 3)])
+                        + [_fmt_dict(d["credit_auc"] and d["credit_auc"]["mean"], 1.0, 3)
+                           + (f" ({len(cr)} of {len(a)} seeds)" if cr and len(cr) < len(a) else "")])
     cols = ["method", "metric", "seeds", "AUC id"]
     if baseline:
         cols += [f"P(AUC id > {baseline})", "p (Mann-Whitney)", f"AUC id - {baseline}", "MDE AUC"]
