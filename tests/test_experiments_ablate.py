@@ -182,6 +182,30 @@ def test_a_results_only_copy_resumes_the_experiment_elsewhere(tmp_path):
     assert render(build_report(copy, exp_id, by="algo"), "md").count("(1 of 2 seeds) |") == 4  # 2 methods x 2 metrics
 
 
+def test_a_member_on_another_testbed_is_refused(tmp_path):
+    """Runs record their testbed; when a finished run of the experiment recorded other evaluation games under
+    the same label (trained on another machine), the next member stops before it evaluates anything, in one
+    line naming both digests; another label (other lists by design, as in a sweep) is not compared."""
+    config = load_config("webshop", [*TINY, f"store.root={json.dumps(str(tmp_path))}"])
+    store = RunStore(config.store.db)
+    exp_id = run_ablate(config, store, None, [], 1, quiet())
+    [first] = store.list_runs(exp_id)
+    mine = first["versions"]["testbed_games"]
+    label, digest = mine.split("/")
+    assert len(digest) == 16 and "testbed_base" not in first["versions"]  # TINY starts from no base policy
+    store.add_versions(first["id"], {"testbed_games": f"{label}/{'0' * 16}"})
+    out = Console(record=True, width=400)
+    with pytest.raises(ExperimentError, match="1 member"):
+        run_ablate(config, store, None, [], 2, out)
+    assert f"testbed_games {mine} here, {label}/{'0' * 16} there" in out.export_text()
+    [second] = [r for r in store.list_runs(exp_id) if r["seed"] == 1]
+    assert second["status"] == "failed" and not store.evaluations(second["id"])
+    store.add_versions(first["id"], {"testbed_games": f"another/{digest}"})
+    run_ablate(config, store, None, [], 2, quiet())
+    assert [r["status"] for r in store.list_runs(exp_id)] == ["finished", "finished"]
+    assert store.get_run(second["id"])["versions"]["testbed_games"] == mine  # seed 1's lists: seed 0's
+
+
 def test_more_variants_extend_the_experiment_without_retraining(tmp_path):
     """Ablations added to a baselines-only experiment of the same base config: the same experiment, the
     full method's run kept as it was (same id, not trained again), the new variant trained and listed

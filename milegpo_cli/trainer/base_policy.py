@@ -28,7 +28,7 @@ BASE_VERSION = 3  # 2: own seed (base.seed); 3: prompts keep the task line when 
 ENV_BASE_VERSION = {"alfworld": 3}
 MARKER = "base.json"
 # environment settings that change how steps are computed, not the games or the observations
-_ENV_RUNTIME_KEYS = ("workers", "step_timeout_s", "data_dir", "cache", "cache_size", "oracle_share", "workers_backend",
+ENV_RUNTIME_KEYS = ("workers", "step_timeout_s", "data_dir", "cache", "cache_size", "oracle_share", "workers_backend",
                      "ray_resource", "ray_worker_cpus")
 
 # sizes of the evaluation pools: the base plays train games only and game i of a split does not depend
@@ -42,7 +42,7 @@ def _env_fingerprint(config) -> dict:
     defaults = {f.name: f.default for f in dataclasses.fields(env) if f.name in _EVAL_POOL_KEYS}
     sub = {**dataclasses.asdict(env), **defaults}
     return {"name": config.env.name, "max_steps": config.env.max_steps,
-            config.env.name: {k: v for k, v in sub.items() if k not in _ENV_RUNTIME_KEYS},
+            config.env.name: {k: v for k, v in sub.items() if k not in ENV_RUNTIME_KEYS},
             **({"base_version": ENV_BASE_VERSION[config.env.name]} if config.env.name in ENV_BASE_VERSION else {})}
 
 

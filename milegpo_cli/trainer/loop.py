@@ -28,7 +28,7 @@ import contextlib
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from milegpo_cli.errors import MilegpoError, StoreError
 from milegpo_cli.config import Config
@@ -38,6 +38,7 @@ from milegpo_cli.trainer.checkpoint import DiskFull, claim_folder, save_checkpoi
 from milegpo_cli.trainer.credit_memory import RunMemory
 from milegpo_cli.trainer.distributed import world_size
 from milegpo_cli.trainer.episode_records import episode_record
+from milegpo_cli.trainer.testbed import check_testbed, testbed_digest
 from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe, evaluation_metrics, format_success, run_evaluation
 from milegpo_cli.trainer.iteration import numeric_metrics, train_iteration, train_pool
 from milegpo_cli.trainer.provenance import run_name
@@ -108,19 +109,23 @@ class Evaluator:
         return out
 
 
-def starting_policy(config: Config, suite, device, evaluate: Evaluator, run_dir: Path, log) -> tuple[Any, dict[str, float]]:
+def starting_policy(config: Config, suite, device, evaluate: Evaluator, run_dir: Path, log,
+                    testbed: Callable[[Path | None], None]) -> tuple[Any, dict[str, float]]:
     """The policy PPO starts from, evaluated as phase "warmstart" (and the untrained model as phase
     "untrained" when it differs and ``eval.untrained``): the cached base policy or the untrained
-    model, then the per-run warm start if enabled. Returns (policy, metrics of how it was made)."""
+    model, then the per-run warm start if enabled. ``testbed(base folder or None)`` records and checks
+    the run's testbed before anything is evaluated (trainer/testbed.py). Returns (policy, metrics of how
+    it was made)."""
     from milegpo_cli.policy import Policy
     from milegpo_cli.trainer.base_policy import base_metrics, ensure_base_policy
 
     metrics: dict[str, float] = {}
     policy = None if config.base.enabled and not config.eval.untrained else build_policy(config, suite, device)
+    folder = ensure_base_policy(config, suite, device, log) if config.base.enabled else None
+    testbed(folder)
     if (config.base.enabled or config.warmstart.enabled) and config.eval.untrained:
         evaluate(policy, 0, "untrained")
-    if config.base.enabled:
-        folder = ensure_base_policy(config, suite, device, log)
+    if folder is not None:
         policy = Policy.start_from(folder, config.policy, device)
         metrics.update(base_metrics(folder))
         log(f"starting from the base policy {folder.name}")
@@ -176,9 +181,15 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
         evaluate = Evaluator(config, suite, eval_venv, probe, store, tracker, run_id, console, threads)
         start = 0
         if ckpt is None:
+            def testbed(base_folder: Path | None) -> None:
+                digest = testbed_digest(config, suite, base_folder)
+                check_testbed(store, run_id, digest)
+                if main:
+                    store.add_versions(run_id, digest)
+
             with accelerator.main_process_first():  # cached models are built by rank 0 (transformers saves only there)
                 policy, made = starting_policy(config, suite, accelerator.device, evaluate,
-                                               checkpoint_root(config, run_id), log)
+                                               checkpoint_root(config, run_id), log, testbed)
             if made and main:  # iteration 0: how the starting policy was made
                 store.record_iteration(run_id, 0, {"phase": "warmstart", **made})
                 tracker.log_metrics(numeric_metrics(made), step=0)
