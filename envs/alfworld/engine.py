@@ -7,6 +7,7 @@ cache: game_env.py.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -15,8 +16,23 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
-from envs.alfworld.game_env import EngineError, GameEnv, serve, transition_cache
+from envs.alfworld.game_env import ENGINE_HASH_SEED, EngineError, GameEnv, serve, transition_cache
 from envs.base import Observation, StepResult, VectorEnv
+
+@contextlib.contextmanager
+def _environment(**values: str):
+    """``os.environ`` with ``values`` set, as it was afterwards."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
 
 def _worker(conn, experts, max_steps, cache_size) -> None:
     """A worker process's loop. It ends quietly when its parent is gone (a closed pipe), and leaves
@@ -106,7 +122,8 @@ class AlfworldVectorEnv(VectorEnv):
             parent, child = self._ctx.Pipe()
             proc = self._ctx.Process(target=_worker, args=(child, self.experts, self.max_steps, self.cache_size),
                                      daemon=True)
-            proc.start()
+            with _environment(PYTHONHASHSEED=ENGINE_HASH_SEED):  # a spawned process starts with this environment
+                proc.start()
             child.close()
             self._procs[w], self._conns[w] = proc, parent
         self._gen[w] += 1

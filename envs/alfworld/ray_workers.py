@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections import deque
 
-from envs.alfworld.game_env import GameEnv, serve, transition_cache
+from envs.alfworld.game_env import ENGINE_HASH_SEED, GameEnv, serve, transition_cache
 from envs.base import EnvError
 
 RESOURCE_SHARE = 0.01  # of ray_resource per actor
@@ -138,5 +138,7 @@ def spawn(experts, max_steps: int, cache_size: int, resource: str, cpus: float) 
 
     connect()
     actor = ray.remote(EngineActor).options(num_cpus=cpus, resources={resource: RESOURCE_SHARE} if resource else {},
-                                            max_restarts=0).remote(experts, max_steps, cache_size)
+                                            max_restarts=0,
+                                            runtime_env={"env_vars": {"PYTHONHASHSEED": ENGINE_HASH_SEED}}
+                                            ).remote(experts, max_steps, cache_size)
     return ActorHandle(actor), ActorConn(actor)
