@@ -19,6 +19,7 @@ from typing import Sequence
 from envs.alfworld.game_env import ENGINE_HASH_SEED, EngineError, GameEnv, serve, transition_cache
 from envs.base import Observation, StepResult, VectorEnv
 
+
 @contextlib.contextmanager
 def _environment(**values: str):
     """``os.environ`` with ``values`` set, as it was afterwards."""

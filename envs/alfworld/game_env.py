@@ -32,9 +32,10 @@ from envs.base import Observation, StepResult  # noqa: E402
 from envs.faults import fault_point  # noqa: E402
 
 # PYTHONHASHSEED of the engine worker processes and Ray actors (engine.py, ray_workers.py). The expert's
-# walkthroughs follow set order, which follows the hash seed: under random seeds the comparison recipe's
-# base won 362 or 363 of its 400 walkthroughs from one build to the next, and started seed 0 at 13.1 % or
-# 10.1 % id. 1 gives the walkthroughs (363 won, 5,468 steps) of the bases the published figures used.
+# walkthroughs depend on the hash seed of the process that steps the engine (an order of iteration that
+# follows string hashes): under random seeds the comparison recipe's base won 362 or 363 of its 400
+# walkthroughs from one build to the next, and started seed 0 at 13.1 % or 10.1 % id. 1 gives the
+# walkthroughs (363 won, 5,468 steps) of the bases the published figures used.
 ENGINE_HASH_SEED = "1"
 BANNER = "-= Welcome to TextWorld, ALFRED! =-"
 TASK_PREFIX = "Your task is to: "

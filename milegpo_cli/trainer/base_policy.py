@@ -29,7 +29,7 @@ ENV_BASE_VERSION = {"alfworld": 3}
 MARKER = "base.json"
 # environment settings that change how steps are computed, not the games or the observations
 ENV_RUNTIME_KEYS = ("workers", "step_timeout_s", "data_dir", "cache", "cache_size", "oracle_share", "workers_backend",
-                     "ray_resource", "ray_worker_cpus")
+                    "ray_resource", "ray_worker_cpus")
 
 # sizes of the evaluation pools: the base plays train games only and game i of a split does not depend
 # on them, so they are hashed at their defaults (a recipe with a larger id / ood pool keeps its base)

@@ -38,10 +38,10 @@ from milegpo_cli.trainer.checkpoint import DiskFull, claim_folder, save_checkpoi
 from milegpo_cli.trainer.credit_memory import RunMemory
 from milegpo_cli.trainer.distributed import world_size
 from milegpo_cli.trainer.episode_records import episode_record
-from milegpo_cli.trainer.testbed import check_testbed, testbed_digest
 from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe, evaluation_metrics, format_success, run_evaluation
 from milegpo_cli.trainer.iteration import numeric_metrics, train_iteration, train_pool
 from milegpo_cli.trainer.provenance import run_name
+from milegpo_cli.trainer.testbed import check_testbed, testbed_digest
 from milegpo_cli.trainer.resume import checkpoint_root, load_resume, open_run, stopped
 from milegpo_cli.trainer.rollout import expert_walkthroughs
 from milegpo_cli.trainer.seeding import derive_seed, seed_everything
