@@ -183,7 +183,7 @@ def test_a_results_only_copy_resumes_the_experiment_elsewhere(tmp_path):
 
 
 def test_a_member_on_another_testbed_is_refused(tmp_path):
-    """Runs record their testbed; when a finished run of the experiment recorded other evaluation games under
+    """Finished runs record their testbed; when a finished run of the experiment recorded other evaluation games under
     the same label (trained on another machine), the next member stops before it evaluates anything, in one
     line naming both digests; another label (other lists by design, as in a sweep) is not compared."""
     config = load_config("webshop", [*TINY, f"store.root={json.dumps(str(tmp_path))}"])
@@ -193,14 +193,14 @@ def test_a_member_on_another_testbed_is_refused(tmp_path):
     mine = first["versions"]["testbed_games"]
     label, digest = mine.split("/")
     assert len(digest) == 16 and "testbed_base" not in first["versions"]  # TINY starts from no base policy
-    store.add_versions(first["id"], {"testbed_games": f"{label}/{'0' * 16}"})
+    store.set_status(first["id"], "finished", versions={"testbed_games": f"{label}/{'0' * 16}"})
     out = Console(record=True, width=400)
     with pytest.raises(ExperimentError, match="1 member"):
         run_ablate(config, store, None, [], 2, out)
     assert f"testbed_games {mine} here, {label}/{'0' * 16} there" in out.export_text()
     [second] = [r for r in store.list_runs(exp_id) if r["seed"] == 1]
     assert second["status"] == "failed" and not store.evaluations(second["id"])
-    store.add_versions(first["id"], {"testbed_games": f"another/{digest}"})
+    store.set_status(first["id"], "finished", versions={"testbed_games": f"another/{digest}"})
     run_ablate(config, store, None, [], 2, quiet())
     assert [r["status"] for r in store.list_runs(exp_id)] == ["finished", "finished"]
     assert store.get_run(second["id"])["versions"]["testbed_games"] == mine  # seed 1's lists: seed 0's

@@ -154,20 +154,20 @@ class RunStore(Database):
             return run.id
         return self._write(fn)
 
-    def set_status(self, run_id: int, status: str) -> None:
+    def set_status(self, run_id: int, status: str, versions: dict[str, str] | None = None) -> None:
+        """The run's status (and ``versions`` merged into its recorded versions, in the same transaction)."""
         if status not in RUN_STATUSES:
             raise StoreError(f"status: unknown {status!r} (allowed: {', '.join(RUN_STATUSES)})")
-        self._write(lambda s: setattr(self._run(s, run_id), "status", status))
+
+        def fn(s: Session) -> None:
+            run = self._run(s, run_id)
+            run.status = status
+            if versions:
+                run.versions = {**(run.versions or {}), **versions}  # a new dict: the JSON column sees the change
+        self._write(fn)
 
     def set_git_commit(self, run_id: int, git_commit: str | None) -> None:
         self._write(lambda s: setattr(self._run(s, run_id), "git_commit", git_commit))
-
-    def add_versions(self, run_id: int, versions: dict[str, str]) -> None:
-        """Merge ``versions`` into the run's recorded versions (a new dict: the JSON column sees the change)."""
-        def fn(s: Session) -> None:
-            run = self._run(s, run_id)
-            run.versions = {**(run.versions or {}), **versions}
-        self._write(fn)
 
     def set_mlflow_run_id(self, run_id: int, mlflow_run_id: str) -> None:
         self._write(lambda s: setattr(self._run(s, run_id), "mlflow_run_id", mlflow_run_id))

@@ -28,11 +28,12 @@ import contextlib
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from milegpo_cli.errors import MilegpoError, StoreError
 from milegpo_cli.config import Config
 from milegpo_cli.run_folder import relative_to_folder, resume_command
+from milegpo_cli.trainer.base_policy import ensure_base_policy
 from milegpo_cli.trainer.builders import build_policy, build_suite, make_accelerator
 from milegpo_cli.trainer.checkpoint import DiskFull, claim_folder, save_checkpoint, set_rng_state
 from milegpo_cli.trainer.credit_memory import RunMemory
@@ -109,23 +110,19 @@ class Evaluator:
         return out
 
 
-def starting_policy(config: Config, suite, device, evaluate: Evaluator, run_dir: Path, log,
-                    testbed: Callable[[Path | None], None]) -> tuple[Any, dict[str, float]]:
+def starting_policy(config: Config, suite, device, evaluate: Evaluator, run_dir: Path, log) -> tuple[Any, dict[str, float]]:
     """The policy PPO starts from, evaluated as phase "warmstart" (and the untrained model as phase
     "untrained" when it differs and ``eval.untrained``): the cached base policy or the untrained
-    model, then the per-run warm start if enabled. ``testbed(base folder or None)`` records and checks
-    the run's testbed before anything is evaluated (trainer/testbed.py). Returns (policy, metrics of how
-    it was made)."""
+    model, then the per-run warm start if enabled. Returns (policy, metrics of how it was made)."""
     from milegpo_cli.policy import Policy
-    from milegpo_cli.trainer.base_policy import base_metrics, ensure_base_policy
+    from milegpo_cli.trainer.base_policy import base_metrics
 
     metrics: dict[str, float] = {}
     policy = None if config.base.enabled and not config.eval.untrained else build_policy(config, suite, device)
-    folder = ensure_base_policy(config, suite, device, log) if config.base.enabled else None
-    testbed(folder)
     if (config.base.enabled or config.warmstart.enabled) and config.eval.untrained:
         evaluate(policy, 0, "untrained")
-    if folder is not None:
+    if config.base.enabled:
+        folder = ensure_base_policy(config, suite, device, log)
         policy = Policy.start_from(folder, config.policy, device)
         metrics.update(base_metrics(folder))
         log(f"starting from the base policy {folder.name}")
@@ -180,16 +177,14 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
                               eval_venv.num_envs, config.run.task_types)
         evaluate = Evaluator(config, suite, eval_venv, probe, store, tracker, run_id, console, threads)
         start = 0
+        with accelerator.main_process_first():  # cached models are built by rank 0 (transformers saves only there)
+            testbed = testbed_digest(config, suite, ensure_base_policy(config, suite, accelerator.device, log)
+                                     if config.base.enabled else None)
+        check_testbed(store, run_id, testbed)  # before anything is evaluated; recorded when the run finishes
         if ckpt is None:
-            def testbed(base_folder: Path | None) -> None:
-                digest = testbed_digest(config, suite, base_folder)
-                check_testbed(store, run_id, digest)
-                if main:
-                    store.add_versions(run_id, digest)
-
-            with accelerator.main_process_first():  # cached models are built by rank 0 (transformers saves only there)
+            with accelerator.main_process_first():
                 policy, made = starting_policy(config, suite, accelerator.device, evaluate,
-                                               checkpoint_root(config, run_id), log, testbed)
+                                               checkpoint_root(config, run_id), log)
             if made and main:  # iteration 0: how the starting policy was made
                 store.record_iteration(run_id, 0, {"phase": "warmstart", **made})
                 tracker.log_metrics(numeric_metrics(made), step=0)
@@ -250,7 +245,7 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
         if opened.lock is not None:
             opened.lock.release()
     if tracker is not None:  # main process
-        store.set_status(run_id, "finished")
+        store.set_status(run_id, "finished", versions=testbed)
         tracker.end("FINISHED", resume_command(run_id, config.store.root, store.url))
         print_summary(store, run_id, console, score=config.env.name == "webshop")
     return run_id

@@ -2,10 +2,10 @@
 
 Code and packages are recorded with every run (trainer/provenance.py), but the games and the base policy
 are generated into the run folder, and another machine or folder may generate different ones from the
-same code and recipe (docs/testbed.md, "Restarted on a fresh machine"). A run records the digests with
-its versions (``testbed_games``, ``testbed_base``) when it starts, and a run of an experiment refuses to
-start on a testbed other than the one its experiment's finished runs trained on: their figures would
-not compare.
+same code and recipe (docs/testbed.md, "Restarted on a fresh machine"). A run computes the digests
+(``testbed_games``, ``testbed_base``) when it starts and records them with its versions when it finishes
+(in the same write as its status: no extra write), and a run of an experiment refuses to start on a
+testbed other than the one its experiment's finished runs trained on: their figures would not compare.
 """
 from __future__ import annotations
 
