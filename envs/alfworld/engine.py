@@ -7,7 +7,6 @@ cache: game_env.py.
 """
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -18,21 +17,7 @@ from typing import Sequence
 
 from envs.alfworld.game_env import ENGINE_HASH_SEED, EngineError, GameEnv, serve, transition_cache
 from envs.base import Observation, StepResult, VectorEnv
-
-
-@contextlib.contextmanager
-def _environment(**values: str):
-    """``os.environ`` with ``values`` set, as it was afterwards."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+from envs.os_environ import os_environ
 
 
 def _worker(conn, experts, max_steps, cache_size) -> None:
@@ -123,7 +108,7 @@ class AlfworldVectorEnv(VectorEnv):
             parent, child = self._ctx.Pipe()
             proc = self._ctx.Process(target=_worker, args=(child, self.experts, self.max_steps, self.cache_size),
                                      daemon=True)
-            with _environment(PYTHONHASHSEED=ENGINE_HASH_SEED):  # a spawned process starts with this environment
+            with os_environ(PYTHONHASHSEED=ENGINE_HASH_SEED):  # a spawned process starts with this environment
                 proc.start()
             child.close()
             self._procs[w], self._conns[w] = proc, parent

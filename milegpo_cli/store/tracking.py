@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from envs.os_environ import os_environ
 from milegpo_cli.config import flatten
 from milegpo_cli.errors import MilegpoError
 from milegpo_cli.interrupts import deferred_interrupts
@@ -62,17 +63,8 @@ def _http_limits(uri: str, timeout_s: int) -> Iterator[None]:
     if not _is_server(uri):
         yield
         return
-    keys = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(timeout_s)}
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update(keys)
-    try:
+    with os_environ(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT=str(timeout_s)):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _unavailable(uri: str, why: str) -> TrackingUnavailable:
