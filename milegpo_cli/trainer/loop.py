@@ -42,10 +42,10 @@ from milegpo_cli.trainer.episode_records import episode_record
 from milegpo_cli.trainer.evaluation import EVAL_ENVS, Probe, evaluation_metrics, format_success, run_evaluation
 from milegpo_cli.trainer.iteration import numeric_metrics, train_iteration, train_pool
 from milegpo_cli.trainer.provenance import run_name
-from milegpo_cli.trainer.testbed import check_testbed, testbed_digest
 from milegpo_cli.trainer.resume import checkpoint_root, load_resume, open_run, stopped
 from milegpo_cli.trainer.rollout import expert_walkthroughs
 from milegpo_cli.trainer.seeding import derive_seed, seed_everything
+from milegpo_cli.trainer.testbed import check_testbed, testbed_digest
 from milegpo_cli.cores import LoadMeter
 from milegpo_cli.trainer.threads import ThreadPlan, plan_threads
 from milegpo_cli.trainer.task_pools import warmstart_tasks
@@ -110,10 +110,12 @@ class Evaluator:
         return out
 
 
-def starting_policy(config: Config, suite, device, evaluate: Evaluator, run_dir: Path, log) -> tuple[Any, dict[str, float]]:
+def starting_policy(config: Config, suite, device, evaluate: Evaluator, run_dir: Path, log,
+                    base_folder: Path | None) -> tuple[Any, dict[str, float]]:
     """The policy PPO starts from, evaluated as phase "warmstart" (and the untrained model as phase
-    "untrained" when it differs and ``eval.untrained``): the cached base policy or the untrained
-    model, then the per-run warm start if enabled. Returns (policy, metrics of how it was made)."""
+    "untrained" when it differs and ``eval.untrained``): the cached base policy (``base_folder``, when
+    ``base.enabled``) or the untrained model, then the per-run warm start if enabled. Returns (policy,
+    metrics of how it was made)."""
     from milegpo_cli.policy import Policy
     from milegpo_cli.trainer.base_policy import base_metrics
 
@@ -121,11 +123,10 @@ def starting_policy(config: Config, suite, device, evaluate: Evaluator, run_dir:
     policy = None if config.base.enabled and not config.eval.untrained else build_policy(config, suite, device)
     if (config.base.enabled or config.warmstart.enabled) and config.eval.untrained:
         evaluate(policy, 0, "untrained")
-    if config.base.enabled:
-        folder = ensure_base_policy(config, suite, device, log)
-        policy = Policy.start_from(folder, config.policy, device)
-        metrics.update(base_metrics(folder))
-        log(f"starting from the base policy {folder.name}")
+    if base_folder is not None:
+        policy = Policy.start_from(base_folder, config.policy, device)
+        metrics.update(base_metrics(base_folder))
+        log(f"starting from the base policy {base_folder.name}")
     if config.warmstart.enabled:
         metrics.update(warm_start(config, policy, suite))
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -178,13 +179,13 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
         evaluate = Evaluator(config, suite, eval_venv, probe, store, tracker, run_id, console, threads)
         start = 0
         with accelerator.main_process_first():  # cached models are built by rank 0 (transformers saves only there)
-            testbed = testbed_digest(config, suite, ensure_base_policy(config, suite, accelerator.device, log)
-                                     if config.base.enabled else None)
+            base = ensure_base_policy(config, suite, accelerator.device, log) if config.base.enabled else None
+        testbed = testbed_digest(config, suite, base)
         check_testbed(store, run_id, testbed)  # before anything is evaluated; recorded when the run finishes
         if ckpt is None:
             with accelerator.main_process_first():
                 policy, made = starting_policy(config, suite, accelerator.device, evaluate,
-                                               checkpoint_root(config, run_id), log)
+                                               checkpoint_root(config, run_id), log, base)
             if made and main:  # iteration 0: how the starting policy was made
                 store.record_iteration(run_id, 0, {"phase": "warmstart", **made})
                 tracker.log_metrics(numeric_metrics(made), step=0)
