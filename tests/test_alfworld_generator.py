@@ -1,4 +1,5 @@
 """Generated ALFWorld games: all six task types won by the expert, determinism, splits, errors."""
+import dataclasses
 import json
 import os
 
@@ -85,6 +86,19 @@ def test_bad_inputs_raise_clear_errors(alfworld_config):
         generator.generate_games(alfworld_config, "ood", alfworld_config.ood_games + 1)
     with pytest.raises(EnvError, match="expert"):
         AlfworldConfig(expert="oracle")
+
+
+def test_a_game_the_engine_cannot_play_names_the_engines_error(alfworld_config, tmp_path, monkeypatch):
+    """A game no attempt could even load says why, instead of "no expert-solvable game" alone."""
+    from envs import faults
+
+    monkeypatch.setenv(faults.ENV_VAR, "env.reset:1+:raise")
+    faults._hits.clear()
+    fresh = dataclasses.replace(alfworld_config, data_dir=str(tmp_path))
+    with pytest.raises(EnvError, match=r"train/0: no expert-solvable game in \d+ attempts \(\d+ could not be "
+                                       r"played; the last: InjectedFault: injected fault at env.reset"):
+        generator.generate_game(fresh, "train", 0)
+    faults._hits.clear()
 
 
 def test_tasks_fixed_list_and_describe(alfworld_config, train_games):

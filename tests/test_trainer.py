@@ -216,3 +216,43 @@ def test_rollout_reads_the_newest_checkpoint_again_when_training_prunes_it(tmp_p
     assert "checkpoint 2 was removed while it was read" in text and f"run {run_id} checkpoint 1:" in text
     assert [e["checkpoint"] for e in store.evaluations(run_id) if e["checkpoint"]] == [f"checkpoints/run_{run_id}/iter_000001"]
     faults._hits.clear()
+
+
+@pytest.mark.slow
+def test_a_run_that_starts_like_a_finished_one_shares_its_start_evaluation(tmp_path, models_dir):
+    """The start evaluation of a run that starts exactly like a finished run of the store (same seed, base
+    policy, evaluation, code) is that run's, copied; the rest of the run is what it would have been."""
+    pytest.importorskip("alfworld")
+    from mlflow.tracking import MlflowClient
+
+    extra = ["base.enabled=true", "base.walkthroughs=4", "base.epochs=1", "eval.untrained=false", "run.seed=5",
+             "run.iterations=2", "eval.every=1", "checkpoint.every=2", "env.alfworld.workers=2"]
+
+    def train(*more):
+        config = make_config("alfworld", tmp_path, models_dir, *extra, *more)
+        store = RunStore(config.store.db)
+        return store, loop.train(config, store, config.store.mlflow_uri, console=quiet())
+
+    store, first = train()
+    _, again = train()  # the same run again: its start is first's, the rest is played
+    _, other = train('run.algo="grpo"', "ppo.lr=0.001", "credit.gamma=0.9")  # another method, the same start
+    _, reseeded = train("run.seed=6")
+    _, narrower = train("eval.probe_states=4")  # another evaluation: played
+    shared = {r: store.iterations(r)[0]["metrics"].get("start_evaluation_from_run")
+              for r in (first, again, other, reseeded, narrower)}
+    assert shared == {first: None, again: first, other: first, reseeded: None, narrower: None}
+
+    def evaluations(run):
+        return [(e["iteration"], e["phase"], e["split"], e["metrics"],
+                 [(ep["task_id"], ep["success"], ep["length"]) for ep in store.episodes(run, evaluation_id=e["id"])],
+                 [(s["t"], s["state_key"], s["action"]) for s in store.steps(run, evaluation_id=e["id"])])
+                for e in store.evaluations(run)]
+
+    assert [e[:2] for e in evaluations(again)] == [(0, "warmstart"), (1, "train"), (2, "train")]
+    assert evaluations(again) == evaluations(first)  # iteration 0 copied; 1 and 2 played, equal
+    assert evaluations(other)[0] == evaluations(first)[0] and evaluations(other)[0][4]
+    assert ([stable(r["metrics"]) for r in store.iterations(again)[1:]]
+            == [stable(r["metrics"]) for r in store.iterations(first)[1:]])
+    mlflow = MlflowClient(store.get_run(again)["config"]["store"]["mlflow_uri"] or None)
+    history = mlflow.get_metric_history(store.get_run(again)["mlflow_run_id"], "eval_warmstart_id/success_rate")
+    assert [(m.step, m.value) for m in history] == [(0, evaluations(first)[0][3]["success_rate"])]

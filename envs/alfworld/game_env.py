@@ -206,6 +206,7 @@ class GameEnv:
         self._gamefile, self._at = gamefile, None
 
     def _engine_reset(self, gamefile: str):
+        fault_point("env.reset")  # test-only fault injection (envs/faults.py)
         if self._env is None or gamefile != self._gamefile:
             self._load(gamefile)
         self._expert_rng.seed(self._rng_seed)
@@ -335,8 +336,10 @@ class GameEnv:
         self._env, self._gamefile, self._at = None, None, None
 
 
-def verify_game(gamefile: str, expert: str, max_steps: int) -> tuple[list[str] | None, str]:
-    """Play the expert (then the other expert) to a win; (winning actions or None, expert used)."""
+def verify_game(gamefile: str, expert: str, max_steps: int) -> tuple[list[str] | None, str, str]:
+    """Play the expert (then the other expert) to a win; (winning actions or None, expert used, the
+    engine's error when the game could not be played: "" when it was)."""
+    error = ""
     for name in (expert, "planner" if expert == "handcoded" else "handcoded"):
         env = GameEnv(expert=name, max_steps=max_steps)
         try:
@@ -351,12 +354,12 @@ def verify_game(gamefile: str, expert: str, max_steps: int) -> tuple[list[str] |
                 if res.error:
                     break
             if env.won:
-                return actions, name
-        except Exception:  # noqa: BLE001 - an unloadable game is unsolvable
-            pass
+                return actions, name, ""
+        except Exception as err:  # noqa: BLE001 - an unloadable game is unsolvable; the caller says why
+            error = f"{type(err).__name__}: {err}"
         finally:
             env.close()
-    return None, expert
+    return None, expert, error
 
 
 def serve(envs: dict[int, GameEnv], cache, experts, max_steps, cmd: str, items) -> list:

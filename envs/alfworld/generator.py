@@ -301,6 +301,7 @@ def generate_game(config: AlfworldConfig, split: str, index: int) -> str:
     if os.path.exists(path):
         return path
     os.makedirs(os.path.dirname(final), exist_ok=True)
+    errors = []  # engine errors of attempts that could not be played at all
     for attempt in range(MAX_ATTEMPTS):
         built = build_game(config, split, index, attempt)
         if built is None:
@@ -308,8 +309,10 @@ def generate_game(config: AlfworldConfig, split: str, index: int) -> str:
         game, traj = built
         tmp = tempfile.mkdtemp(prefix=f".{index:05d}-", dir=os.path.dirname(final))
         try:
-            walkthrough, expert = game_env.verify_game(_write(tmp, game, traj), config.expert, config.verify_steps)
+            walkthrough, expert, error = game_env.verify_game(_write(tmp, game, traj), config.expert,
+                                                              config.verify_steps)
             if walkthrough is None:
+                errors += [error] if error else []
                 continue
             game["solvable"], game["walkthrough"] = True, walkthrough
             traj["milegpo"]["expert"] = expert
@@ -321,7 +324,8 @@ def generate_game(config: AlfworldConfig, split: str, index: int) -> str:
             return path
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    raise GenerationError(f"{split}/{index}: no expert-solvable game in {MAX_ATTEMPTS} attempts")
+    why = f" ({len(errors)} could not be played; the last: {errors[-1]})" if errors else ""
+    raise GenerationError(f"{split}/{index}: no expert-solvable game in {MAX_ATTEMPTS} attempts{why}")
 
 
 def generate_games(config: AlfworldConfig, split: str, n: int,

@@ -302,6 +302,28 @@ class RunStore(Database):
             return ev.id
         return self._write(fn)
 
+    def copy_evaluations(self, source_run: int, run_id: int, iteration: int, phase: str) -> list[dict[str, Any]]:
+        """Copy ``source_run``'s evaluations of (``iteration``, ``phase``), with their episodes and steps, to
+        ``run_id`` in one transaction, replacing any it holds; returns the copied rows (new ids)."""
+        def fn(s: Session) -> list[dict[str, Any]]:
+            self._run(s, run_id)
+            where = (Evaluation.iteration == iteration, Evaluation.phase == phase, Evaluation.checkpoint.is_(None))
+            self._delete_evaluations(s, select(Evaluation.id).where(Evaluation.run_id == run_id, *where))
+            copied = []
+            for ev in _rows(s, Evaluation, Evaluation.run_id == source_run, *where, order=[Evaluation.id]):
+                new = s.scalar(insert(Evaluation).returning(Evaluation.id),
+                               {**{k: v for k, v in ev.items() if k not in ("id", "created_at")}, "run_id": run_id})
+                for ep in _rows(s, Episode, Episode.evaluation_id == ev["id"], order=[Episode.id]):
+                    ep_id = s.scalar(insert(Episode).returning(Episode.id),
+                                     {**{k: v for k, v in ep.items() if k != "id"}, "run_id": run_id, "evaluation_id": new})
+                    steps = [{k: v for k, v in st.items() if k != "id"} | {"episode_id": ep_id}
+                             for st in _rows(s, Step, Step.episode_id == ep["id"], order=[Step.t])]
+                    if steps:
+                        s.execute(insert(Step), steps)
+                copied.append({**ev, "id": new, "run_id": run_id})
+            return copied
+        return self._write(fn)
+
     def record_checkpoint(self, run_id: int, iteration: int, path: str | Path, sha256: str) -> None:
         def fn(s: Session) -> None:
             self._run(s, run_id)

@@ -45,6 +45,7 @@ from milegpo_cli.trainer.provenance import run_name
 from milegpo_cli.trainer.resume import checkpoint_root, load_resume, open_run, stopped
 from milegpo_cli.trainer.rollout import expert_walkthroughs
 from milegpo_cli.trainer.seeding import derive_seed, seed_everything
+from milegpo_cli.trainer.shared_start import can_share_start, shared_start
 from milegpo_cli.trainer.testbed import check_testbed, testbed_digest
 from milegpo_cli.cores import LoadMeter
 from milegpo_cli.trainer.threads import ThreadPlan, plan_threads
@@ -104,18 +105,29 @@ class Evaluator:
                 self.store.record_evaluation(self.run_id, split, metrics, [episode_record(e) for e in played],
                                              iteration=iteration, phase=phase)
                 self.tracker.log_metrics(evaluation_metrics(split, phase, metrics), step=iteration)
-            probe = (f"  probe logp {metrics['probe_expert_logp']:.3f}" if "probe_expert_logp" in metrics else "")
-            self.console.print(f"eval {phase} (iteration {iteration}) {split}: success {format_success(metrics)}  "
-                               f"outcome {metrics['mean_outcome']:.3f}{probe}", soft_wrap=True)
+            self._print(phase, iteration, split, metrics)
         return out
+
+    def copy(self, source_run: int, iteration: int, phase: str) -> None:
+        """Take ``source_run``'s stored evaluations of (``iteration``, ``phase``) as this run's: its start
+        evaluation, shared with a finished run that started exactly like it (trainer/shared_start.py)."""
+        for row in self.store.copy_evaluations(source_run, self.run_id, iteration, phase):
+            self.tracker.log_metrics(evaluation_metrics(row["split"], phase, row["metrics"]), step=iteration)
+            self._print(phase, iteration, row["split"], row["metrics"], f"  (run {source_run}'s, the same start)")
+
+    def _print(self, phase: str, iteration: int, split: str, metrics: dict, note: str = "") -> None:
+        probe = f"  probe logp {metrics['probe_expert_logp']:.3f}" if "probe_expert_logp" in metrics else ""
+        self.console.print(f"eval {phase} (iteration {iteration}) {split}: success {format_success(metrics)}  "
+                           f"outcome {metrics['mean_outcome']:.3f}{probe}{note}", soft_wrap=True)
 
 
 def starting_policy(config: Config, suite, device, evaluate: Evaluator, run_dir: Path, log,
-                    base_folder: Path | None) -> tuple[Any, dict[str, float]]:
+                    base_folder: Path | None, shared_from: int | None = None) -> tuple[Any, dict[str, float]]:
     """The policy PPO starts from, evaluated as phase "warmstart" (and the untrained model as phase
     "untrained" when it differs and ``eval.untrained``): the cached base policy (``base_folder``, when
-    ``base.enabled``) or the untrained model, then the per-run warm start if enabled. Returns (policy,
-    metrics of how it was made)."""
+    ``base.enabled``) or the untrained model, then the per-run warm start if enabled. ``shared_from``: a
+    finished run that started exactly like this one, whose start evaluation is copied instead
+    (trainer/shared_start.py). Returns (policy, metrics of how it was made)."""
     from milegpo_cli.policy import Policy
     from milegpo_cli.trainer.base_policy import base_metrics
 
@@ -133,7 +145,11 @@ def starting_policy(config: Config, suite, device, evaluate: Evaluator, run_dir:
         policy.rebase(run_dir / "warmstart_base")  # the KL reference is the warm-started policy
         log(f"warm start on {int(metrics['warmstart_walkthroughs'])} expert walkthroughs "
             f"({int(metrics['warmstart_steps'])} steps)")
-    evaluate(policy, 0, "warmstart")
+    if shared_from is None:
+        evaluate(policy, 0, "warmstart")
+    else:
+        evaluate.copy(shared_from, 0, "warmstart")
+        metrics["start_evaluation_from_run"] = float(shared_from)
     return policy, metrics
 
 
@@ -183,9 +199,11 @@ def train(config: Config, store, tracker_uri: str | None = None, resume_run: int
         testbed = testbed_digest(config, suite, base)
         check_testbed(store, run_id, testbed)  # before anything is evaluated; recorded when the run finishes
         if ckpt is None:
+            shared = (shared_start(store, run_id, config, testbed)
+                      if can_share_start(config, world_size(accelerator)) else None)
             with accelerator.main_process_first():
                 policy, made = starting_policy(config, suite, accelerator.device, evaluate,
-                                               checkpoint_root(config, run_id), log, base)
+                                               checkpoint_root(config, run_id), log, base, shared)
             if made and main:  # iteration 0: how the starting policy was made
                 store.record_iteration(run_id, 0, {"phase": "warmstart", **made})
                 tracker.log_metrics(numeric_metrics(made), step=0)
