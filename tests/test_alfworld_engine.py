@@ -213,9 +213,10 @@ def test_official_layout_is_played_by_the_same_adapter(alfworld_config, tasks, t
 
 
 def test_expert_walkthroughs_do_not_depend_on_the_games_beside_them(tasks):
-    """The handcoded expert breaks ties at random: its walkthrough of a game is the same played
-    alone, beside other games in this process, or in worker processes (the base policy's data and
-    the probe's states do not depend on env.alfworld.workers)."""
+    """The handcoded expert breaks ties at random: its tie-breaks are the same played alone, beside
+    other games in this process, or in worker processes (the base policy's data and the probe's states
+    do not depend on env.alfworld.workers). A walkthrough that meets a step with no admissible expert
+    command still depends on its chunk (trainer/rollout.expert_walkthroughs); these games have none."""
     from milegpo_cli.trainer.rollout import expert_walkthroughs
 
     def walk(num_envs, workers):

@@ -23,7 +23,8 @@ from pathlib import Path
 
 BASE_VERSION = 3  # 2: own seed (base.seed); 3: prompts keep the task line when the observation is cut
 # per environment, how its base is built (a new version rebuilds that environment's base only).
-# alfworld 2: the handcoded expert's tie-breaks no longer depend on the games beside it (workers);
+# alfworld 2: the handcoded expert's tie-breaks no longer depend on the games beside it (workers; its gaps still do,
+# trainer/rollout.expert_walkthroughs);
 # 3: supervised training on one thread (the WebShop recipe's base was already built on one)
 ENV_BASE_VERSION = {"alfworld": 3}
 MARKER = "base.json"

@@ -149,8 +149,11 @@ def expert_walkthroughs(venv: VectorEnv, tasks: Sequence[Task], max_steps: int,
                         log: Callable[[str], None] | None = None) -> tuple[list[Any], int]:
     """Play each task once following the oracle's first action (venv made with oracle=True).
     Returns the expert steps (trainer.warmstart.ExpertStep) and the number of won walkthroughs.
-    An episode whose oracle has no action left (goal unreachable) is idled with no-op steps until
-    the batch ends; its steps are not recorded. ``log`` gets a progress line about every 10 %."""
+    An episode whose oracle has no action (the handcoded expert's next command is not admissible) is
+    stepped with a no-op while another episode of its chunk is live, and not recorded for that step;
+    after a no-op the expert may have an admissible command again, so such a walkthrough's outcome
+    depends on its chunk's other games (docs/envs.md, "Expert walkthroughs and their chunk"). ``log``
+    gets a progress line about every 10 %."""
     from milegpo_cli.trainer.warmstart import ExpertStep
 
     steps: list[ExpertStep] = []
