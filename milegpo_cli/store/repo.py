@@ -313,13 +313,16 @@ class RunStore(Database):
             for ev in _rows(s, Evaluation, Evaluation.run_id == source_run, *where, order=[Evaluation.id]):
                 new = s.scalar(insert(Evaluation).returning(Evaluation.id),
                                {**{k: v for k, v in ev.items() if k not in ("id", "created_at")}, "run_id": run_id})
-                for ep in _rows(s, Episode, Episode.evaluation_id == ev["id"], order=[Episode.id]):
-                    ep_id = s.scalar(insert(Episode).returning(Episode.id),
-                                     {**{k: v for k, v in ep.items() if k != "id"}, "run_id": run_id, "evaluation_id": new})
-                    steps = [{k: v for k, v in st.items() if k != "id"} | {"episode_id": ep_id}
-                             for st in _rows(s, Step, Step.episode_id == ep["id"], order=[Step.t])]
+                episodes = _rows(s, Episode, Episode.evaluation_id == ev["id"], order=[Episode.id])
+                if episodes:  # in bulk, as _insert_episodes: one insert of the episodes, one of their steps
+                    ids = s.scalars(insert(Episode).returning(Episode.id, sort_by_parameter_order=True),
+                                    [{**{k: v for k, v in ep.items() if k != "id"}, "run_id": run_id,
+                                      "evaluation_id": new} for ep in episodes]).all()
+                    new_ids = dict(zip((ep["id"] for ep in episodes), ids))
+                    steps = _rows(s, Step, Step.episode_id.in_(new_ids), order=[Step.episode_id, Step.t])
                     if steps:
-                        s.execute(insert(Step), steps)
+                        s.execute(insert(Step), [{k: v for k, v in st.items() if k != "id"}
+                                                 | {"episode_id": new_ids[st["episode_id"]]} for st in steps])
                 copied.append({**ev, "id": new, "run_id": run_id})
             return copied
         return self._write(fn)
