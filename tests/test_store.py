@@ -63,8 +63,9 @@ def test_run_round_trip(store):
     assert store.get_run("r1")["status"] == "running"
     assert store.get_run(str(rid))["mlflow_run_id"] == "f00"
     assert run["git_commit"] == "abc"
-    store.set_git_commit(rid, "def")  # a registered run that starts training later records its own commit
-    assert store.get_run(rid)["git_commit"] == "def"
+    store.set_provenance(rid, "def", {"alfworld": "0.4.3", "torch": "2.13.0"})  # a registered run that starts
+    assert store.get_run(rid)["git_commit"] == "def"  # training later records the code it trains under
+    assert store.get_run(rid)["versions"] == {"alfworld": "0.4.3", "torch": "2.13.0"}
     with pytest.raises(StoreError, match="status: unknown 'weird'"):
         store.set_status(rid, "weird")
 

@@ -10,10 +10,12 @@ import pytest
 import torch
 from rich.console import Console
 
-from milegpo_cli.config import load_config
+from milegpo_cli.config import Config, load_config
 from milegpo_cli.store import RunStore
 from milegpo_cli.trainer import loop, checkpoint_eval, resume
 from milegpo_cli.trainer.checkpoint import list_checkpoints
+from milegpo_cli.trainer.shared_start import shared_start
+from milegpo_cli.trainer.testbed import KEYS as TESTBED_KEYS
 from conftest import TINY_MODEL
 
 torch.set_num_threads(1)
@@ -241,6 +243,14 @@ def test_a_run_that_starts_like_a_finished_one_shares_its_start_evaluation(tmp_p
     shared = {r: store.iterations(r)[0]["metrics"].get("start_evaluation_from_run")
               for r in (first, again, other, reseeded, narrower)}
     assert shared == {first: None, again: first, other: first, reseeded: None, narrower: None}
+
+    # the code counts by its source digest (trainer/provenance.py), not its git commit
+    row = store.get_run(again)
+    config, testbed = Config.from_dict(row["config"]), {k: row["versions"][k] for k in TESTBED_KEYS}
+    store.set_provenance(again, "0" * 40, {})  # a docs-only commit: the same source
+    assert shared_start(store, again, config, testbed) == first
+    store.set_provenance(again, row["git_commit"], {"milegpo_source": "edited"})  # an uncommitted edit
+    assert shared_start(store, again, config, testbed) is None
 
     def evaluations(run):
         return [(e["iteration"], e["phase"], e["split"], e["metrics"],

@@ -48,6 +48,29 @@ def test_installed_stack_is_the_locked_one():
         assert version(pkg).split("+")[0] == pins[pkg], pkg
 
 
+def test_source_digest_follows_the_code_not_the_docs(tmp_path):
+    """Shared start evaluations (trainer/shared_start.py) compare this digest: an edit to a module changes it,
+    a file that is not Python source (docs, a README beside the code) does not."""
+    import shutil
+
+    from milegpo_cli.trainer.provenance import SOURCE_PACKAGES, source_digest
+
+    for package in SOURCE_PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    first = source_digest(tmp_path)
+    assert first == source_digest(ROOT)  # where the folder lies plays no part
+    (tmp_path / "milegpo_cli" / "NOTES.md").write_text("docs only")
+    assert source_digest(tmp_path) == first
+    module = tmp_path / "milegpo_cli" / "trainer" / "provenance.py"
+    text = module.read_text()
+    module.write_text(text + "\n# an uncommitted edit\n")
+    assert source_digest(tmp_path) != first
+    module.write_text(text)
+    assert source_digest(tmp_path) == first
+    module.rename(module.with_name("lineage.py"))  # the same bytes under another name
+    assert source_digest(tmp_path) != first
+
+
 @pytest.mark.slow
 def test_run_records_library_versions_in_store_and_mlflow(tmp_path):
     from mlflow.tracking import MlflowClient
@@ -65,6 +88,8 @@ def test_run_records_library_versions_in_store_and_mlflow(tmp_path):
     store.close()
     assert run["versions"]["transformers"] == version("transformers")
     assert run["versions"]["mlflow"] == version("mlflow")
+    from milegpo_cli.trainer.provenance import source_digest
+    assert run["versions"]["milegpo_source"] == source_digest()
     tags = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run["mlflow_run_id"]).data.tags
     assert tags["version.torch"] == version("torch")
     assert tags["version.sqlalchemy"] == version("sqlalchemy")

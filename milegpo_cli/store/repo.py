@@ -166,8 +166,13 @@ class RunStore(Database):
                 run.versions = {**(run.versions or {}), **versions}  # a new dict: the JSON column sees the change
         self._write(fn)
 
-    def set_git_commit(self, run_id: int, git_commit: str | None) -> None:
-        self._write(lambda s: setattr(self._run(s, run_id), "git_commit", git_commit))
+    def set_provenance(self, run_id: int, git_commit: str | None, versions: dict[str, str]) -> None:
+        """The code a run trains under: its git commit, and ``versions`` merged into its recorded versions."""
+        def fn(s: Session) -> None:
+            run = self._run(s, run_id)
+            run.git_commit = git_commit
+            run.versions = {**(run.versions or {}), **versions}
+        self._write(fn)
 
     def set_mlflow_run_id(self, run_id: int, mlflow_run_id: str) -> None:
         self._write(lambda s: setattr(self._run(s, run_id), "mlflow_run_id", mlflow_run_id))

@@ -92,6 +92,8 @@ def open_run(config: Config, store, tracker_uri: str, run_id: int | None, ckpt: 
         return OpenedRun(run_id, None, None, None)
     lock = RunLock(store, run_id).acquire()
     try:
+        if not new and ckpt is None:  # a registered run (ablate) starts now: it trains wholly under this code
+            store.set_provenance(run_id, git_commit(), package_versions())
         row = store.get_run(run_id)
         mlflow_id = row.get("mlflow_run_id")
         if mlflow_id:
@@ -104,8 +106,6 @@ def open_run(config: Config, store, tracker_uri: str, run_id: int | None, ckpt: 
         if not new:
             store.delete_after(run_id, ckpt.iteration if ckpt else -1)
             tracker.backfill(logged_metrics(store, run_id))  # what MLflow missed while its server was away
-            if ckpt is None:  # a registered run (ablate) starts now: it trains wholly under this commit
-                store.set_git_commit(run_id, git_commit())
         store.set_status(run_id, "running")
     except BaseException as err:
         stop = isinstance(err, KeyboardInterrupt)

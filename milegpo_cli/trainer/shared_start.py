@@ -10,9 +10,10 @@ of 2 x 306 episodes (docs/testbed.md, "Shared start evaluations").
 Shared only when all of these hold, else the run evaluates its start itself:
 - it starts from the cached base policy as it is (``base.enabled``, no per-run warm start, no evaluation of
   the untrained model), in one process;
-- the finished run is in the same store, has the same seed, git commit and package versions, recorded the
-  same testbed digests (trainer/testbed.py: games by content, base policy by its weights) and has the same
-  config outside ``TRAINING_ONLY``.
+- the finished run is in the same store, has the same seed, source digest (trainer/provenance.py: the
+  code, whatever its git commit) and package versions, recorded the same testbed digests
+  (trainer/testbed.py: games by content, base policy by its weights) and has the same config outside
+  ``TRAINING_ONLY``.
 """
 from __future__ import annotations
 
@@ -42,15 +43,13 @@ def can_share_start(config: Config, processes: int) -> bool:
 def shared_start(store, run_id: int, config: Config, testbed: dict[str, str]) -> int | None:
     """The finished run of ``store`` whose start evaluation ``run_id`` (config ``config``, testbed digests
     ``testbed``) would repeat, None when there is none. The caller checks ``can_share_start`` first."""
-    me = store.get_run(run_id)
-    if not me["git_commit"] or not testbed.get("testbed_base"):
+    packages = {k: v for k, v in (store.get_run(run_id)["versions"] or {}).items() if k not in TESTBED_KEYS}
+    if not packages.get("milegpo_source") or not testbed.get("testbed_base"):
         return None
-    packages = {k: v for k, v in (me["versions"] or {}).items() if k not in TESTBED_KEYS}
     inputs = start_inputs(config.to_dict())
     for other in store.list_runs():
         versions = other["versions"] or {}
         if (other["id"] == run_id or other["status"] != "finished" or other["seed"] != config.run.seed
-                or other["git_commit"] != me["git_commit"]
                 or any(versions.get(k) != testbed.get(k) for k in TESTBED_KEYS)
                 or {k: v for k, v in versions.items() if k not in TESTBED_KEYS} != packages):
             continue
