@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 from conftest import TINY_MODEL
+
+from milegpo_cli.trainer.provenance import SOURCE_PACKAGES, source_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [*TINY_MODEL,
@@ -51,10 +54,6 @@ def test_installed_stack_is_the_locked_one():
 def test_source_digest_follows_the_code_not_the_docs(tmp_path):
     """Shared start evaluations (trainer/shared_start.py) compare this digest: an edit to a module changes it,
     a file that is not Python source (docs, a README beside the code) does not."""
-    import shutil
-
-    from milegpo_cli.trainer.provenance import SOURCE_PACKAGES, source_digest
-
     for package in SOURCE_PACKAGES:
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     first = source_digest(tmp_path)
@@ -88,7 +87,6 @@ def test_run_records_library_versions_in_store_and_mlflow(tmp_path):
     store.close()
     assert run["versions"]["transformers"] == version("transformers")
     assert run["versions"]["mlflow"] == version("mlflow")
-    from milegpo_cli.trainer.provenance import source_digest
     assert run["versions"]["milegpo_source"] == source_digest()
     tags = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run["mlflow_run_id"]).data.tags
     assert tags["version.torch"] == version("torch")

@@ -66,6 +66,11 @@ def _share(value: Any) -> float | None:
     return float(value)
 
 
+def _merge_versions(run: Run, versions: dict[str, str]) -> None:
+    """``versions`` merged into the run's recorded versions, as a new dict: the JSON column sees the change."""
+    run.versions = {**(run.versions or {}), **versions}
+
+
 def _step_rows(episode_id: int, episode: EpisodeRecord) -> list[dict[str, Any]]:
     return [{
         "episode_id": episode_id, "t": int(s.t), "state_key": s.state_key, "action": s.action,
@@ -163,7 +168,7 @@ class RunStore(Database):
             run = self._run(s, run_id)
             run.status = status
             if versions:
-                run.versions = {**(run.versions or {}), **versions}  # a new dict: the JSON column sees the change
+                _merge_versions(run, versions)
         self._write(fn)
 
     def set_provenance(self, run_id: int, git_commit: str | None, versions: dict[str, str]) -> None:
@@ -171,7 +176,7 @@ class RunStore(Database):
         def fn(s: Session) -> None:
             run = self._run(s, run_id)
             run.git_commit = git_commit
-            run.versions = {**(run.versions or {}), **versions}
+            _merge_versions(run, versions)
         self._write(fn)
 
     def set_mlflow_run_id(self, run_id: int, mlflow_run_id: str) -> None:
